@@ -1,0 +1,68 @@
+"""The embedded default corpus: the standard library's documentation rendered by ``pydoc``.
+
+It ships with every Python install, so the quickstart and the tests need no download. Rendering
+imports modules, some of which have side effects (``this`` prints, ``antigravity`` opens a
+browser), so it runs in a child process and skips those.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Iterator
+
+# Modules whose import has side effects or needs a display/terminal.
+SKIP = {"this", "antigravity", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc", "sre_compile",
+        "sre_constants", "sre_parse", "curses", "lib2to3", "xxlimited", "xxsubtype", "msvcrt",
+        "winreg", "winsound", "nt", "_winapi"}
+MAX_DOC_CHARS = 6000  # long module pages are cut at paragraph breaks into documents of this size
+
+
+def _render_all() -> None:  # runs in the child process; writes JSONL to stdout
+    import importlib
+    import io
+    import os
+    import pydoc
+    import warnings
+
+    warnings.simplefilter("ignore")
+    out = sys.stdout
+    sys.stdout = io.StringIO()  # swallow anything a module prints on import
+    for name in sorted(sys.stdlib_module_names):
+        if name.startswith("_") or name in SKIP:
+            continue
+        try:
+            module = importlib.import_module(name)
+            text = pydoc.render_doc(module, renderer=pydoc.plaintext)
+        except BaseException:  # a module that cannot import here (platform, optional deps)
+            continue
+        # Drop the install-specific "FILE /path/to/module.py" section so the corpus is portable.
+        text = "\n".join(line for line in text.splitlines() if not line.strip().startswith(os.sep))
+        out.write(json.dumps({"module": name, "text": text}) + "\n")
+    out.flush()
+
+
+def split_paragraphs(text: str, max_chars: int) -> list[str]:
+    """Cut ``text`` into pieces of at most ~``max_chars`` characters, preferring blank lines
+    (pydoc's blank lines may hold only spaces or a ``|`` gutter)."""
+    pieces, current, size = [], [], 0
+    for line in text.splitlines():
+        blank = line.strip(" |") == ""
+        if current and (size > max_chars or (blank and size > max_chars // 2)):
+            pieces.append("\n".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += len(line) + 1
+    if current:
+        pieces.append("\n".join(current))
+    return [p for p in pieces if p.strip()]
+
+
+def embedded_documents() -> Iterator[dict]:
+    """Yield ``{"id", "text"}`` documents of the embedded pydoc corpus, in a fixed order."""
+    proc = subprocess.run([sys.executable, "-c", "from data_pipeline.embedded import _render_all; _render_all()"],
+                          capture_output=True, text=True, check=True)
+    for line in proc.stdout.splitlines():
+        page = json.loads(line)
+        for k, piece in enumerate(split_paragraphs(page["text"], MAX_DOC_CHARS)):
+            yield {"id": f"pydoc:{page['module']}#{k}", "text": piece}

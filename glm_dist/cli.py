@@ -1,0 +1,121 @@
+"""The ``glm`` command (stable names from ARCHITECTURE.md; run ``glm COMMAND --help``)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import typing
+
+from glm_dist.config.loader import ConfigError, load_config, to_dict
+
+
+def _config_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("-c", "--config", required=required, help="YAML config file (with optional base:)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.lr=3e-4")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="glm", description="Pretrain generalized language models on DeepSpeed.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _config_args(sub.add_parser("train", help="train (one process, torchrun, deepspeed or srun)"))
+
+    p = sub.add_parser("eval", help="validation loss / perplexity / bits per byte as JSON")
+    _config_args(p)
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (…/checkpoints/step_N)")
+
+    p = sub.add_parser("export-hf", help="write a folder transformers' from_pretrained loads")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", required=True)
+
+    p = sub.add_parser("config", help="inspect configs")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    show = csub.add_parser("show", help="print the resolved config (or the DeepSpeed JSON)")
+    _config_args(show, required=False)
+    show.add_argument("--deepspeed", action="store_true", help="print the generated DeepSpeed JSON")
+    show.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    csub.add_parser("keys", help="every config key with its type, default and help")
+
+    p = sub.add_parser("data", help="data preparation")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    _config_args(dsub.add_parser("tokenize", help="train/load the tokenizer and write token shards"))
+    return parser
+
+
+def _print_keys() -> None:
+    from glm_dist.config.schema import Config
+
+    hints = typing.get_type_hints(Config)
+    for section in dataclasses.fields(Config):
+        sec_cls = hints[section.name]
+        sec_hints = typing.get_type_hints(sec_cls)
+        for f in dataclasses.fields(sec_cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            typ = getattr(sec_hints[f.name], "__name__", str(sec_hints[f.name]).replace("typing.", ""))
+            print(f"{section.name}.{f.name}: {typ} = {default!r}\n    {f.metadata.get('help', '')}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "config" and args.config_command == "keys":
+        _print_keys()
+        return 0
+    cfg = load_config(args.config, args.overrides) if hasattr(args, "overrides") else None
+    if args.command == "train":
+        from glm_dist.train.loop import train
+
+        summary = train(cfg)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(json.dumps(summary, indent=2))
+    elif args.command == "eval":
+        from glm_dist.eval.run import main_eval
+
+        main_eval(cfg, args.checkpoint)
+    elif args.command == "export-hf":
+        from glm_dist.hf.export import export_checkpoint
+
+        print(export_checkpoint(args.checkpoint, args.out))
+    elif args.command == "config":
+        from glm_dist.config.checks import validate
+
+        validate(cfg, world_size=args.world_size)
+        if args.deepspeed:
+            from glm_dist.config.deepspeed_json import deepspeed_config
+
+            print(json.dumps(deepspeed_config(cfg, dp_size=args.world_size), indent=2))
+        else:
+            import yaml
+
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    elif args.command == "data":
+        from data_pipeline.tokenize.prepare import prepare_shards
+
+        d = cfg.data
+        manifest = prepare_shards(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer,
+                                  vocab_size=d.vocab_size, val_per_mille=d.val_per_mille,
+                                  shard_max_bytes=d.shard_max_bytes, text_field=d.text_field)
+        print(json.dumps({s: len(v) for s, v in manifest["splits"].items()}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("GLM_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    from glm_dist.data.shards import ShardSetError
+    from glm_dist.train.checkpoint import CheckpointError
+    from glm_dist.train.errors import TrainingDiverged
+
+    try:
+        return _run(args)
+    except (ConfigError, CheckpointError, ShardSetError, FileNotFoundError) as err:
+        print(f"glm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as err:
+        print(f"glm {args.command}: stopped: {err}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Cross-field checks that fail early with the numbers and the file to edit (torchtitan habit)."""
+from __future__ import annotations
+
+from typing import Any
+
+from glm_dist.config.loader import ConfigError, source_of
+from glm_dist.config.schema import Config
+from glm_dist.models.registry import resolve_model_config
+
+MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "context_length", "dropout",
+                   "sparse_window")
+
+
+def model_config(cfg: Config) -> Any:
+    """The family's model config: the flavor with the ``model.*`` overrides applied."""
+    m = cfg.model
+    try:
+        return resolve_model_config(m.family, m.flavor, **{k: getattr(m, k) for k in MODEL_OVERRIDES})
+    except KeyError as err:
+        raise ConfigError(f"{err.args[0]} (model.family / model.flavor in {source_of(cfg, 'model.flavor')})") from None
+
+
+def seq_len(cfg: Config) -> int:
+    return cfg.data.seq_len or model_config(cfg).context_length
+
+
+def validate(cfg: Config, *, world_size: int = 1) -> None:
+    """Raise ``ConfigError`` for the first inconsistent combination of fields."""
+    mc = model_config(cfg)
+    def where(key: str) -> str:
+        src = source_of(cfg, key)
+        return f"flavor {cfg.model.flavor!r}" if src == "<default>" and key.startswith("model.") else src
+
+    if mc.d_model % mc.n_head:
+        raise ConfigError(
+            f"model.n_head={mc.n_head} must divide model.d_model={mc.d_model} "
+            f"(d_model / n_head = {mc.d_model / mc.n_head:.2f}; set in {where('model.n_head')}, "
+            f"{where('model.d_model')})")
+    if seq_len(cfg) > mc.context_length:
+        raise ConfigError(f"data.seq_len={seq_len(cfg)} exceeds model.context_length={mc.context_length} "
+                          f"({where('data.seq_len')})")
+    if mc.sparse_window is not None and mc.sparse_window < 1:
+        raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
+    t = cfg.train
+    for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 1 ({where('train.' + key)})")
+    actual = t.micro_batch_size * t.grad_accum_steps * world_size
+    if t.global_batch_size is not None and t.global_batch_size != actual:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} ({where('train.global_batch_size')}) != "
+            f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x "
+            f"data-parallel size {world_size} = {actual}; change grad_accum_steps to "
+            f"{t.global_batch_size / (t.micro_batch_size * world_size):g} or the batch sizes")
+    if t.warmup_steps > t.max_steps:
+        raise ConfigError(f"train.warmup_steps={t.warmup_steps} > train.max_steps={t.max_steps} "
+                          f"({where('train.warmup_steps')})")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1] ({where('train.min_lr_ratio')})")
+    p = cfg.parallel
+    if p.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3 ({where('parallel.zero_stage')})")
+    if p.offload_optimizer and p.zero_stage == 0:
+        raise ConfigError(f"parallel.offload_optimizer needs parallel.zero_stage >= 1 "
+                          f"(it is 0; {where('parallel.offload_optimizer')})")

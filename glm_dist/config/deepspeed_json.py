@@ -1,0 +1,26 @@
+"""The DeepSpeed JSON, derived from the one config tree (never written by hand; gpt-neox habit)."""
+from __future__ import annotations
+
+from glm_dist.config.schema import Config
+
+
+def deepspeed_config(cfg: Config, *, dp_size: int = 1) -> dict:
+    t, p = cfg.train, cfg.parallel
+    zero: dict = {"stage": p.zero_stage}
+    if p.zero_stage >= 1:
+        zero.update(overlap_comm=False, contiguous_gradients=True)
+    if p.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.grad_accum_steps,
+        "train_batch_size": t.micro_batch_size * t.grad_accum_steps * dp_size,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": zero,
+        # DeepSpeed's bf16 mode: bf16 weights and activations, fp32 master weights in the
+        # optimizer; a non-finite gradient norm skips the step (check_grad_overflow).
+        "bf16": {"enabled": t.precision == "bf16", "check_grad_overflow": True},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }

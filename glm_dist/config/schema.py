@@ -1,0 +1,107 @@
+"""The typed config tree. Field docstrings (``help`` metadata) double as ``--help`` text.
+
+Every section is a dataclass; the loader (``loader.py``) builds them strictly from YAML, so an
+unknown key or a wrong type is an error naming the key and the file that set it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+def _f(default, help: str, **kw):
+    """A dataclass field whose ``help`` is shown by ``glm config show --help-keys``."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    family: str = _f("gpt", "model family in the registry (gpt)")
+    flavor: str = _f("tiny", "named size of the family (tiny, gpt2-small, gpt3-175b, ...)")
+    n_layer: Optional[int] = _f(None, "override the flavor's number of blocks")
+    n_head: Optional[int] = _f(None, "override the flavor's attention heads")
+    d_model: Optional[int] = _f(None, "override the flavor's hidden width")
+    d_ff: Optional[int] = _f(None, "override the flavor's FFN width (default 4*d_model)")
+    vocab_size: Optional[int] = _f(None, "override the flavor's vocabulary size")
+    context_length: Optional[int] = _f(None, "override the flavor's context length")
+    dropout: float = _f(0.0, "dropout on embeddings, attention output and MLP output")
+    sparse_window: Optional[int] = _f(
+        None, "GPT-3 sparse option: odd layers attend to a local causal band of this many tokens")
+
+
+@dataclass
+class DataConfig:
+    source: str = _f("embedded", "'embedded' (pydoc text of the stdlib) or a JSONL/text path or glob")
+    text_field: str = _f("text", "JSONL field holding the document text")
+    shards_dir: str = _f("data/embedded-gpt2", "where the tokenizer, shards and manifest.json live")
+    tokenizer: str = _f("train", "'train' a byte-level BPE on the source, or a tokenizer.json path")
+    vocab_size: int = _f(8192, "vocabulary size when training the tokenizer")
+    val_per_mille: int = _f(50, "documents held out for validation, per thousand (by document hash)")
+    seq_len: Optional[int] = _f(None, "training sequence length (default: model context length)")
+    shard_max_bytes: int = _f(64 * 2**20, "approximate size of one shard")
+
+
+@dataclass
+class ObjectiveConfig:
+    name: Literal["clm"] = _f("clm", "training objective (clm: causal LM on packed documents)")
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = _f("runs/gpt2-tiny", "run directory: checkpoints, metrics, plots, W&B files")
+    seed: int = _f(1234, "seed of the data order and of model init")
+    max_steps: int = _f(300, "optimizer steps to train")
+    micro_batch_size: int = _f(8, "sequences per rank per forward pass")
+    grad_accum_steps: int = _f(1, "micro batches per optimizer step")
+    global_batch_size: Optional[int] = _f(
+        None, "optional check: must equal micro_batch_size * grad_accum_steps * data-parallel size")
+    lr: float = _f(6e-4, "peak learning rate")
+    min_lr_ratio: float = _f(0.1, "final LR as a fraction of the peak")
+    warmup_steps: int = _f(30, "linear warmup steps")
+    schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
+    weight_decay: float = _f(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2")
+    eps: float = _f(1e-8, "AdamW epsilon")
+    grad_clip: float = _f(1.0, "clip the global gradient norm (0 disables)")
+    precision: Literal["fp32", "bf16", "bf16-autocast"] = _f(
+        "fp32", "fp32; bf16 = DeepSpeed bf16 (bf16 weights, fp32 master); bf16-autocast = torch.autocast")
+    activation_checkpointing: bool = _f(False, "recompute each block in the backward pass")
+    eval_interval: int = _f(100, "validate every N steps (0: only before and after)")
+    eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
+    save_interval: int = _f(0, "checkpoint every N steps (0: only at the end)")
+    resume: str = _f("auto", "'auto' (latest checkpoint in out_dir), 'none', or a checkpoint dir")
+    max_skipped_steps: int = _f(10, "stop after this many steps with a non-finite loss")
+    plot: bool = _f(True, "write loss_curve.png in out_dir at the end")
+
+
+@dataclass
+class ParallelConfig:
+    zero_stage: int = _f(0, "DeepSpeed ZeRO stage 0-3")
+    offload_optimizer: bool = _f(False, "ZeRO-Offload: optimizer state on the CPU (stage >= 1)")
+
+
+@dataclass
+class LoggingConfig:
+    wandb: bool = _f(True, "log to Weights & Biases (rank 0)")
+    wandb_mode: Literal["offline", "online", "disabled", "auto"] = _f(
+        "auto", "'auto' is online when WANDB_API_KEY is set, otherwise offline")
+    project: str = _f("glm-dist", "W&B project")
+    entity: Optional[str] = _f(None, "W&B entity")
+    run_name: Optional[str] = _f(None, "W&B run name (default: the out_dir's name)")
+    group: Optional[str] = _f(None, "W&B group")
+    tags: list = _f([], "W&B tags")
+    log_interval: int = _f(10, "print and log metrics every N steps")
+    progress: bool = _f(True, "show a progress bar (rank 0)")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

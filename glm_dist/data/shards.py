@@ -1,0 +1,47 @@
+"""Reading the tokenized-document shard set: ``manifest.json`` and the webdataset tar shards."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import fsspec
+import numpy as np
+import webdataset as wds
+
+log = logging.getLogger(__name__)
+
+
+class ShardSetError(RuntimeError):
+    """The shard set cannot be used at all (missing manifest, unknown split)."""
+
+
+def read_manifest(root: str) -> dict:
+    try:
+        with fsspec.open(f"{root}/manifest.json", "r") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ShardSetError(f"{root}/manifest.json not found: build the shards first "
+                            f"(glm data tokenize -c CONFIG), or point data.shards_dir at them") from None
+
+
+def shard_urls(root: str, manifest: dict, split: str) -> list[str]:
+    if split not in manifest["splits"]:
+        raise ShardSetError(f"split {split!r} not in {root}/manifest.json "
+                            f"(has: {', '.join(manifest['splits'])})")
+    return [f"{root}/{s['name']}" for s in manifest["splits"][split]]
+
+
+def read_shard(url: str) -> list[tuple[str, np.ndarray]]:
+    """All documents of one shard as (key, token ids), in stored order.
+
+    A truncated or corrupt shard raises ``OSError``/``ValueError`` naming the shard; the caller
+    decides to skip and count it.
+    """
+    docs = []
+    try:
+        for sample in wds.WebDataset([url], shardshuffle=False, empty_check=False):
+            docs.append((sample["__key__"], np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)))
+    except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, bad npy payloads
+        raise OSError(f"shard {url} is unreadable after {len(docs)} documents: {err!r}") from err
+    return docs

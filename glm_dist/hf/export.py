@@ -1,0 +1,20 @@
+"""``glm export-hf``: a checkpoint -> a transformers folder, one adapter per family."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from glm_dist.eval.run import load_checkpoint_model
+from glm_dist.hf import gpt2
+
+ADAPTERS = {"gpt": gpt2.export_hf}
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    model, meta = load_checkpoint_model(checkpoint)
+    family = meta["model_family"]
+    if family not in ADAPTERS:
+        raise ValueError(f"no transformers export for model family {family!r} yet")
+    tokenizer = Path(checkpoint) / "tokenizer.json"
+    ADAPTERS[family](model.cfg, model.state_dict(), str(out_dir),
+                     tokenizer_file=str(tokenizer) if tokenizer.exists() else None)
+    return Path(out_dir)

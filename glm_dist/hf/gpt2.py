@@ -1,0 +1,99 @@
+"""GPT family <-> transformers' ``GPT2LMHeadModel``.
+
+transformers' GPT-2 uses ``Conv1D`` (weight stored as (in, out)); ours uses ``nn.Linear``
+((out, in)), so matrices are transposed on the way. Names map one to one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import torch
+
+from glm_dist.models.gpt import GPTConfig
+
+# ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
+_BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",
+          "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_CONV1D = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")  # transposed in transformers
+_TOP = {"embed.wte.weight": "transformer.wte.weight", "embed.wpe.weight": "transformer.wpe.weight",
+        "head.ln_f.weight": "transformer.ln_f.weight", "head.ln_f.bias": "transformer.ln_f.bias",
+        "head.lm_head.weight": "lm_head.weight"}
+_BLOCK_KEY = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def to_hf_config(cfg: GPTConfig, *, eot_id: int | None = None):
+    from transformers import GPT2Config
+
+    if cfg.sparse_window is not None:
+        raise ValueError("GPT2LMHeadModel has no banded sparse attention; export a dense model")
+    eot = cfg.vocab_size - 1 if eot_id is None else eot_id
+    return GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
+                      n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.d_ff, activation_function="gelu_new",
+                      resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+                      layer_norm_epsilon=cfg.layer_norm_eps, bos_token_id=eot, eos_token_id=eot,
+                      tie_word_embeddings=True)
+
+
+def from_hf_config(hf_cfg) -> GPTConfig:
+    return GPTConfig(n_layer=hf_cfg.n_layer, n_head=hf_cfg.n_head, d_model=hf_cfg.n_embd,
+                     vocab_size=hf_cfg.vocab_size, context_length=hf_cfg.n_positions, d_ff=hf_cfg.n_inner,
+                     dropout=hf_cfg.resid_pdrop, layer_norm_eps=hf_cfg.layer_norm_epsilon)
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in sd.items():
+        if key in _TOP:
+            out[_TOP[key]] = value
+            continue
+        m = _BLOCK_KEY.match(key)
+        if not m:
+            raise KeyError(f"no transformers name for parameter {key!r}")
+        layer, part, kind = m.groups()
+        out[f"transformer.h.{layer}.{_BLOCK[part]}.{kind}"] = value.t() if part in _CONV1D and kind == "weight" else value
+    return out
+
+
+def from_hf_state_dict(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    top = {v: k for k, v in _TOP.items()}
+    block = {v: k for k, v in _BLOCK.items()}
+    out = {}
+    for key, value in hf_sd.items():
+        if key in top:
+            out[top[key]] = value
+            continue
+        m = re.match(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)$", key)
+        if not m or m.group(2) not in block:
+            continue  # buffers such as attn.bias / masked_bias in older transformers
+        layer, part, kind = m.group(1), block[m.group(2)], m.group(3)
+        out[f"blocks.{layer}.{part}.{kind}"] = value.t() if part in _CONV1D and kind == "weight" else value
+    out.setdefault("head.lm_head.weight", out["embed.wte.weight"])
+    return out
+
+
+def import_hf(hf_model) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """A transformers GPT-2 model -> our config and state dict."""
+    return from_hf_config(hf_model.config), from_hf_state_dict(hf_model.state_dict())
+
+
+def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
+              eot_token: str = "<|endoftext|>") -> None:
+    """Write a folder ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load."""
+    from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    tokenizer = None
+    eot_id = None
+    if tokenizer_file:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, bos_token=eot_token,
+                                            eos_token=eot_token, unk_token=eot_token,
+                                            model_max_length=cfg.context_length)
+        eot_id = tokenizer.convert_tokens_to_ids(eot_token)
+    model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    if missing or unexpected:
+        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,151 @@
+"""GPT-2 / GPT-3 decoder, as the GPT-2 paper describes it.
+
+Pre-LN blocks, a final LayerNorm, learned absolute positions, tied input/output embeddings, GELU,
+residual projections initialised with std 0.02 / sqrt(2 * n_layer). The model is an ordered list
+of layers -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, ``GPTHead`` -- so pipeline stages can be cut
+from the same definition (``GPT.layers()``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from glm_dist.models.common import MLP, CausalSelfAttention, init_gpt_weights
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    d_model: int
+    vocab_size: int = 50257
+    context_length: int = 1024
+    d_ff: int | None = None  # None: 4 * d_model
+    dropout: float = 0.0
+    sparse_window: int | None = None  # GPT-3: odd layers use a local band of this width
+    layer_norm_eps: float = 1e-5
+
+    @property
+    def ffn_width(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+
+@dataclass(frozen=True)
+class Flavor:
+    cfg: GPTConfig
+    params: float = 0  # published count as REFERENCE.md prints it (0: a test flavor)
+    tol: float = 0.01  # relative tolerance of the count check
+    note: str = ""
+
+
+# The GPT-3 paper names sizes with two significant figures ("350M" is 355.9M with its own
+# layer/width table); those rows allow 2% and say so. GPT-2 counts equal transformers' exactly.
+ROUNDED = "the paper's name is rounded; layers/width/heads are the paper's"
+FLAVORS: dict[str, Flavor] = {
+    "tiny": Flavor(GPTConfig(n_layer=4, n_head=4, d_model=128, vocab_size=8192, context_length=256)),
+    "gpt2-small": Flavor(GPTConfig(n_layer=12, n_head=12, d_model=768), 124e6),    # 124.4M
+    "gpt2-medium": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=1024), 350e6,   # 354.8M
+                          0.02, ROUNDED),
+    "gpt2-large": Flavor(GPTConfig(n_layer=36, n_head=20, d_model=1280), 774e6),   # 774.0M
+    "gpt2-xl": Flavor(GPTConfig(n_layer=48, n_head=25, d_model=1600), 1.56e9),     # 1.558B
+    # GPT-3 (Brown et al. 2020, table 2.1); context 2048.
+    "gpt3-small": Flavor(GPTConfig(n_layer=12, n_head=12, d_model=768, context_length=2048), 125e6),
+    "gpt3-medium": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=1024, context_length=2048),
+                          350e6, 0.02, ROUNDED),  # 355.9M
+    "gpt3-large": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=1536, context_length=2048), 760e6),
+    # The paper prints 24 heads for xl, which does not divide 2048; 16 heads of 128 as Megatron.
+    "gpt3-xl": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=2048, context_length=2048),
+                      1.3e9, 0.02, ROUNDED),  # 1.316B
+    "gpt3-2.7b": Flavor(GPTConfig(n_layer=32, n_head=32, d_model=2560, context_length=2048),
+                        2.7e9, 0.02, ROUNDED),  # 2.652B
+    "gpt3-6.7b": Flavor(GPTConfig(n_layer=32, n_head=32, d_model=4096, context_length=2048), 6.7e9),
+    # The paper prints d_model 5140, which 40 heads do not divide; 5120 as Megatron-DeepSpeed.
+    "gpt3-13b": Flavor(GPTConfig(n_layer=40, n_head=40, d_model=5120, context_length=2048),
+                       13e9, 0.02, ROUNDED),  # 12.85B
+    "gpt3-175b": Flavor(GPTConfig(n_layer=96, n_head=96, d_model=12288, context_length=2048), 175e9),
+}
+
+
+def gpt_config(flavor: str, **overrides) -> GPTConfig:
+    """The named flavor with fields replaced by non-None ``overrides`` (litgpt's ``from_name``)."""
+    if flavor not in FLAVORS:
+        raise KeyError(f"unknown GPT flavor {flavor!r}; known: {', '.join(FLAVORS)}")
+    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class GPTEmbedding(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        pos = torch.arange(T, device=input_ids.device)
+        return self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        sparse = cfg.sparse_window is not None and layer_idx % 2 == 1
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, dropout=cfg.dropout,
+                                        window=cfg.sparse_window if sparse else None)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg.d_model, cfg.ffn_width, dropout=cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPTHead(nn.Module):
+    """Final LayerNorm and the output projection, whose weight is the token embedding's."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))  # (B, T, vocab)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = GPTEmbedding(cfg)
+        self.blocks = nn.ModuleList(GPTBlock(cfg, i) for i in range(cfg.n_layer))
+        self.head = GPTHead(cfg)
+        self.head.lm_head.weight = self.embed.wte.weight  # tied input/output embedding
+        self.activation_checkpointing = False
+        init_gpt_weights(self, n_layer=cfg.n_layer)
+
+    def layers(self) -> list[nn.Module]:
+        """The model as an ordered list: embedding, blocks, head."""
+        return [self.embed, *self.blocks, self.head]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, vocab) logits."""
+        if input_ids.shape[1] > self.cfg.context_length:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the context length "
+                             f"{self.cfg.context_length}")
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(x)
+
+    def num_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3x forward), PaLM appendix B:
+        6 N for the weights + 12 L d T for attention scores."""
+        n = sum(p.numel() for p in self.parameters()) - self.embed.wpe.weight.numel()
+        return 6 * n + 12 * self.cfg.n_layer * self.cfg.d_model * seq_len

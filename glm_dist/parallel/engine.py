@@ -1,0 +1,35 @@
+"""The one place DeepSpeed is applied to a model (ARCHITECTURE.md decision 1)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from glm_dist.config.deepspeed_json import deepspeed_config
+from glm_dist.config.schema import Config
+
+
+def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config, *, dp_size: int):
+    """Wrap ``model`` in a DeepSpeed engine (ZeRO stage, bf16, clipping from ``cfg``)."""
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                           config=deepspeed_config(cfg, dp_size=dp_size))
+    return engine
+
+
+def set_lr(engine, lr: float) -> None:
+    """Set the LR on every parameter group (ZeRO optimizers expose the wrapped groups)."""
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
+def drop_gradients(engine) -> None:
+    """Discard accumulated gradients so the optimizer leaves every parameter untouched."""
+    for p in engine.module.parameters():
+        p.grad = None
+
+
+def checks_gradient_overflow(engine) -> bool:
+    """Whether DeepSpeed's own optimizer wrapper skips a step whose gradients are non-finite
+    (ZeRO 1-3 and the bf16 optimizer do; plain fp32 without ZeRO does not)."""
+    return engine.zero_optimization_stage() >= 1 or engine.bfloat16_enabled()

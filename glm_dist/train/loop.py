@@ -1,0 +1,196 @@
+"""The training loop (``glm train``): reads top to bottom.
+
+setup: process group -> config checks -> checkpoint to resume (validated before anything is
+written) -> shards -> model -> DeepSpeed engine -> loader -> restore -> validate -> steps
+(validate / checkpoint on intervals) -> validate -> final checkpoint -> loss curve.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from data_pipeline.tokenize.bpe import token_byte_lengths
+from glm_dist.config.checks import model_config, seq_len, validate
+from glm_dist.config.loader import ConfigError, to_dict
+from glm_dist.config.schema import Config
+from glm_dist.data.loader import CLMLoader, validation_batches
+from glm_dist.data.prepare import ensure_shards
+from glm_dist.eval.perplexity import evaluate
+from glm_dist.models.registry import build_model
+from glm_dist.objectives import clm
+from glm_dist.observability.flops import peak_flops
+from glm_dist.observability.plots import plot_loss_curve
+from glm_dist.observability.run_logger import RunLogger
+from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
+from glm_dist.parallel.engine import build_engine, checks_gradient_overflow, drop_gradients, set_lr
+from glm_dist.train.checkpoint import CheckpointManager
+from glm_dist.train.errors import TrainingDiverged
+from glm_dist.train.optim import build_optimizer
+from glm_dist.train.schedule import lr_at
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done (applied or skipped)
+    tokens: int = 0  # training tokens consumed, all ranks
+    skipped_steps: int = 0  # steps skipped for a non-finite loss
+
+
+class Trainer:
+    def __init__(self, cfg: Config, dist: DistInfo | None = None):
+        self.cfg, self.dist = cfg, dist or init_distributed()
+        validate(cfg, world_size=self.dist.world_size)
+        self.ckpts = CheckpointManager(Path(cfg.train.out_dir) / "checkpoints", self.dist)
+        self.resume_from = self.ckpts.resolve(cfg.train.resume)  # fails before anything is written
+        self.manifest = ensure_shards(cfg.data, self.dist)
+        self.model_cfg = model_config(cfg)
+        vocab = self.manifest["tokenizer"]["vocab_size"]
+        if vocab > self.model_cfg.vocab_size:
+            raise ConfigError(f"the tokenizer in {cfg.data.shards_dir} has {vocab} tokens but "
+                              f"model.vocab_size is {self.model_cfg.vocab_size}; set model.vocab_size >= {vocab}")
+        self.seq_len = seq_len(cfg)
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model.family, self.model_cfg)
+        model.activation_checkpointing = cfg.train.activation_checkpointing
+        self.flops_per_token = model.num_flops_per_token(self.seq_len)
+        self.engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=self.dist.world_size)
+        self.loader = CLMLoader(cfg.data.shards_dir, seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
+                                grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
+                                dp_size=self.dist.world_size, seed=cfg.train.seed)
+        self.state = TrainState()
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+        self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len,
+                                              micro_batch_size=cfg.train.micro_batch_size,
+                                              num_batches=cfg.train.eval_batches, dp_rank=self.dist.rank,
+                                              dp_size=self.dist.world_size)
+        tok = Tokenizer.from_file(f"{cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}")
+        self.byte_lengths = torch.tensor(token_byte_lengths(tok) + [0] * (self.model_cfg.vocab_size - vocab))
+        self.autocast = (torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
+                         if cfg.train.precision == "bf16-autocast" else contextlib.nullcontext())
+        self.log = RunLogger(cfg, is_main=self.dist.is_main, start_step=self.state.step,
+                             attachments={"data_manifest.json": self.manifest})
+
+    # -- the loop -------------------------------------------------------------------------
+    def fit(self) -> dict:
+        t, start = self.cfg.train, self.state.step
+        self.log.message(f"model: {self.cfg.model.family}/{self.cfg.model.flavor}, "
+                         f"{sum(p.numel() for p in self.engine.module.parameters()):,} parameters; "
+                         f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
+                         + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else ""))
+        before = self.validate()
+        while self.state.step < t.max_steps:
+            self.train_step()
+            step = self.state.step
+            if t.eval_interval and step % t.eval_interval == 0 and step < t.max_steps:
+                self.validate()
+            if t.save_interval and step % t.save_interval == 0 and step < t.max_steps:
+                self.save()
+        after = self.validate()
+        if self.state.step > start or self.resume_from is None:
+            self.save()
+        summary = {"val_loss_before": before["loss"], "val_perplexity_before": before["perplexity"],
+                   "val_loss": after["loss"], "val_perplexity": after["perplexity"],
+                   "val_bits_per_byte": after["bits_per_byte"], **asdict(self.state)}
+        self.log.message(f"validation perplexity: {before['perplexity']:.2f} before -> "
+                         f"{after['perplexity']:.2f} after {self.state.step} steps")
+        if self.dist.is_main and t.plot:
+            png = plot_loss_curve(self.log.metrics_file, Path(t.out_dir) / "loss_curve.png",
+                                  title=f"{self.cfg.model.flavor} ({self.cfg.objective.name})")
+            self.log.message(f"loss curve: {png}")
+        self.log.close(summary)
+        return summary
+
+    def train_step(self) -> None:
+        """One optimizer step over ``grad_accum_steps`` micro batches on every rank."""
+        t0 = time.perf_counter()
+        step = self.state.step
+        set_lr(self.engine, lr_at(step, self.cfg.train))
+        losses, bad = [], False
+        for batch in self.loader.next_step():
+            with self.autocast:
+                logits = self.engine(batch["input_ids"].to(self.engine.device))
+            loss = clm.loss(logits, {"labels": batch["labels"].to(self.engine.device)})
+            # Every rank must agree that the step is bad, or their optimizer steps diverge.
+            bad = bad or all_reduce([float(not torch.isfinite(loss))], "max")[0] > 0
+            # A bad step's gradients are made non-finite on purpose: DeepSpeed's overflow check
+            # then discards the whole step (or, without ZeRO/bf16, we drop them ourselves).
+            self.engine.backward(loss * float("nan") if bad else loss)
+            losses.append(loss.item())
+            if bad and not checks_gradient_overflow(self.engine) and self.engine.is_gradient_accumulation_boundary():
+                drop_gradients(self.engine)
+            self.engine.step()
+        self.state.step += 1
+        self.state.tokens += self.loader.global_batch_size * self.seq_len
+        mean_loss = all_reduce([sum(losses) / len(losses)])[0] / self.dist.world_size
+        if bad:
+            self._count_skip(mean_loss)
+        self._log_step(mean_loss, time.perf_counter() - t0)
+
+    def _count_skip(self, loss: float) -> None:
+        self.state.skipped_steps += 1
+        limit = self.cfg.train.max_skipped_steps
+        self.log.message(f"step {self.state.step}: non-finite loss ({loss}); step skipped "
+                         f"({self.state.skipped_steps} of at most {limit})")
+        if self.state.skipped_steps > limit:
+            self.log.close()
+            raise TrainingDiverged(
+                f"{self.state.skipped_steps} steps had a non-finite loss (train.max_skipped_steps={limit}); "
+                f"stopping without saving. The last good checkpoint is untouched under {self.ckpts.root}; "
+                f"lower train.lr, check the data, or raise train.max_skipped_steps")
+
+    def _log_step(self, loss: float, seconds: float) -> None:
+        tokens_per_s = self.loader.global_batch_size * self.seq_len / seconds
+        grad_norm = self.engine.get_global_grad_norm()
+        metrics = {"loss": loss, "lr": lr_at(self.state.step - 1, self.cfg.train),
+                   "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                   "tokens_per_s": tokens_per_s, "tokens": self.state.tokens,
+                   "epoch": self.loader.stream.position.epoch, "skipped_steps": self.state.skipped_steps}
+        peak = peak_flops()
+        if peak:
+            metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.dist.world_size)
+        self.log.train_step(self.state.step, metrics)
+
+    def validate(self) -> dict:
+        self.engine.eval()
+        with self.autocast:
+            metrics = evaluate(self.engine, self.val_batches, byte_lengths=self.byte_lengths,
+                               device=self.engine.device)
+        self.engine.train()
+        self.log.validation(self.state.step, metrics)
+        return metrics
+
+    # -- state ----------------------------------------------------------------------------
+    def save(self) -> Path:
+        client = {"train_state": asdict(self.state), "data": self.loader.state_dict()}
+        meta = {"config": to_dict(self.cfg), "zero_stage": self.cfg.parallel.zero_stage,
+                "world_size": self.dist.world_size, "model_family": self.cfg.model.family,
+                "model_config": asdict(self.model_cfg), "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
+                "shards_dir": str(Path(self.cfg.data.shards_dir).resolve())}
+        tokenizer = Path(self.cfg.data.shards_dir) / self.manifest["tokenizer"]["file"]
+        path = self.ckpts.save(self.engine, self.state.step, client, meta,
+                               extra_files={"tokenizer.json": tokenizer})
+        self.log.message(f"checkpoint: {path}")
+        return path
+
+    def _restore(self, path: Path) -> None:
+        client = self.ckpts.load(self.engine, path)
+        self.state = TrainState(**client["train_state"])
+        self.loader.load_state_dict(client["data"])
+
+
+def train(cfg: Config) -> dict:
+    return Trainer(cfg).fit()
+
+
+def read_metrics(out_dir: str | Path, kind: str = "train") -> list[dict]:
+    """Rows of ``metrics.jsonl`` of one kind (``train`` or ``val``)."""
+    lines = (Path(out_dir) / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["kind"] == kind]
+

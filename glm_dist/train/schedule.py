@@ -1,0 +1,22 @@
+"""Learning-rate schedules: linear warmup, then cosine / linear decay to ``min_lr_ratio * lr``.
+
+A pure function of the step, so the scheduler's whole state is the step counter (exact resume).
+"""
+from __future__ import annotations
+
+import math
+
+from glm_dist.config.schema import TrainConfig
+
+
+def lr_at(step: int, t: TrainConfig) -> float:
+    """LR for optimizer step ``step`` (0-based)."""
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    if t.schedule == "constant":
+        return t.lr
+    progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
+    floor = t.lr * t.min_lr_ratio
+    if t.schedule == "cosine":
+        return floor + 0.5 * (t.lr - floor) * (1 + math.cos(math.pi * progress))
+    return t.lr - (t.lr - floor) * progress  # linear
