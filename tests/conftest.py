@@ -1,0 +1,56 @@
+"""Shared fixtures: the embedded corpus tokenized once per session, and a ``glm`` runner."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml")
+
+# A smaller tiny model and short runs: fast enough for many multi-process tests on 2 cores.
+FAST = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "data.seq_len=64",
+        "train.micro_batch_size=4", "train.warmup_steps=2", "train.eval_batches=4",
+        "train.eval_interval=0", "train.save_interval=0", "train.plot=false", "logging.wandb=false",
+        "logging.progress=false", "train.precision=fp32", "parallel.zero_stage=0", "train.lr=3e-3"]
+
+
+@pytest.fixture(scope="session")
+def shards_dir(tmp_path_factory) -> str:
+    """The embedded pydoc corpus as token shards (small shards, so there are several)."""
+    from data_pipeline.tokenize.prepare import prepare_shards
+
+    out = tmp_path_factory.mktemp("shards") / "embedded"
+    prepare_shards(source="embedded", out_dir=str(out), vocab_size=2048, shard_max_bytes=256 * 1024)
+    return str(out)
+
+
+def clean_env(threads: int = 1) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS=str(threads), WANDB_MODE="offline", WANDB_SILENT="true",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    return env
+
+
+def run_glm(args: list[str], *, nproc: int = 1, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``glm ARGS`` as one process or under torchrun with ``nproc`` CPU processes (gloo)."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "glm_dist.cli", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "glm_dist.cli", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(threads=max(1, 2 // nproc)), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def train_losses(out_dir: str | Path) -> list[float]:
+    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["kind"] == "train"]

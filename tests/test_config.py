@@ -1,0 +1,88 @@
+"""Config tree: inheritance, overrides, strictness, cross-field checks, DeepSpeed JSON."""
+from __future__ import annotations
+
+import pytest
+
+from glm_dist.config.checks import validate
+from glm_dist.config.deepspeed_json import deepspeed_config
+from glm_dist.config.loader import ConfigError, load_config, source_of
+from tests.conftest import TINY
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_base_chain_is_merged_with_child_winning(tmp_path):
+    write(tmp_path / "a.yaml", "train:\n  lr: 1.0e-3\n  max_steps: 10\nmodel:\n  flavor: tiny\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\ntrain:\n  lr: 2.0e-3\n")
+    child = write(tmp_path / "c.yaml", "base: [b.yaml]\ntrain:\n  warmup_steps: 3\n")
+    cfg = load_config(child)
+    assert (cfg.train.lr, cfg.train.max_steps, cfg.train.warmup_steps) == (2e-3, 10, 3)
+    assert source_of(cfg, "train.lr").endswith("b.yaml")
+    assert source_of(cfg, "train.max_steps").endswith("a.yaml")
+
+
+def test_command_line_overrides_are_typed_and_win():
+    cfg = load_config(TINY, ["train.lr=3e-4", "train.max_steps=7", "logging.tags=[a, b]", "model.sparse_window=16"])
+    assert cfg.train.lr == 3e-4 and cfg.train.max_steps == 7
+    assert cfg.logging.tags == ["a", "b"] and cfg.model.sparse_window == 16
+    assert source_of(cfg, "train.lr") == "<command line>"
+
+
+def test_unknown_key_names_the_key_and_the_file(tmp_path):
+    bad = write(tmp_path / "bad.yaml", f"base: {TINY}\ntrain:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'train.learning_rate' in .*bad.yaml"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"unknown section|unknown key 'trian'"):
+        load_config(TINY, ["trian.lr=1"])
+
+
+def test_wrong_type_names_the_key_and_the_file(tmp_path):
+    bad = write(tmp_path / "bad.yaml", "train:\n  max_steps: many\n")
+    with pytest.raises(ConfigError, match=r"'train.max_steps' = 'many' in .*bad.yaml: expected int"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"'train.precision' = 'fp8' in <command line>: must be one of"):
+        load_config(TINY, ["train.precision=fp8"])
+    with pytest.raises(ConfigError, match=r"'parallel.zero_stage' = True .*expected int"):
+        load_config(TINY, ["parallel.zero_stage=true"])
+
+
+def test_missing_base_file_is_reported(tmp_path):
+    bad = write(tmp_path / "bad.yaml", "base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"nowhere.yaml \(base of .*bad.yaml\) does not exist"):
+        load_config(bad)
+
+
+def test_heads_must_divide_width_with_numbers_and_source():
+    cfg = load_config(TINY, ["model.n_head=5"])
+    with pytest.raises(ConfigError, match=r"n_head=5 must divide model.d_model=128 \(d_model / n_head = 25.60; "
+                                          r"set in <command line>, flavor 'tiny'\)"):
+        validate(cfg)
+
+
+def test_global_batch_must_equal_micro_times_accum_times_data_parallel():
+    cfg = load_config(TINY, ["train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=2"])
+    validate(cfg, world_size=4)
+    with pytest.raises(ConfigError, match=r"global_batch_size=64 .* != micro_batch_size 8 x grad_accum_steps 2 x "
+                                          r"data-parallel size 2 = 32; change grad_accum_steps to 4"):
+        validate(cfg, world_size=2)
+
+
+def test_other_cross_field_checks():
+    with pytest.raises(ConfigError, match="seq_len=512 exceeds model.context_length=256"):
+        validate(load_config(TINY, ["data.seq_len=512"]))
+    with pytest.raises(ConfigError, match="offload_optimizer needs parallel.zero_stage >= 1"):
+        validate(load_config(TINY, ["parallel.zero_stage=0", "parallel.offload_optimizer=true"]))
+    with pytest.raises(ConfigError, match="unknown GPT flavor 'gpt2-huge'"):
+        validate(load_config(TINY, ["model.flavor=gpt2-huge"]))
+
+
+def test_deepspeed_json_is_derived_from_the_tree():
+    cfg = load_config(TINY, ["train.micro_batch_size=4", "train.grad_accum_steps=3", "parallel.zero_stage=3",
+                             "train.precision=bf16", "train.grad_clip=0.5"])
+    ds = deepspeed_config(cfg, dp_size=2)
+    assert ds["train_batch_size"] == 24 and ds["gradient_accumulation_steps"] == 3
+    assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] and ds["gradient_clipping"] == 0.5
+    assert not deepspeed_config(load_config(TINY, ["train.precision=bf16-autocast"]))["bf16"]["enabled"]
