@@ -72,6 +72,9 @@ class TrainConfig:
     eval_interval: int = _f(100, "validate every N steps (0: only before and after)")
     eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
     save_interval: int = _f(0, "checkpoint every N steps (0: only at the end)")
+    stop_at_step: Optional[int] = _f(
+        None, "checkpoint and exit once this step is reached (the schedule still runs to max_steps); "
+              "for jobs cut into time slots -- rerun the same command to continue")
     resume: str = _f("auto", "'auto' (latest checkpoint in out_dir), 'none', or a checkpoint dir")
     max_skipped_steps: int = _f(10, "stop after this many steps with a non-finite loss")
     plot: bool = _f(True, "write loss_curve.png in out_dir at the end")

@@ -32,6 +32,10 @@ def shard_urls(root: str, manifest: dict, split: str) -> list[str]:
     return [f"{root}/{s['name']}" for s in manifest["splits"][split]]
 
 
+def _every_shard(urls):
+    return urls
+
+
 def read_shard(url: str) -> list[tuple[str, np.ndarray]]:
     """All documents of one shard as (key, token ids), in stored order.
 
@@ -40,7 +44,10 @@ def read_shard(url: str) -> list[tuple[str, np.ndarray]]:
     """
     docs = []
     try:
-        for sample in wds.WebDataset([url], shardshuffle=False, empty_check=False):
+        # Our loader owns the order and the split by rank/worker: webdataset reads exactly this shard.
+        dataset = wds.WebDataset([url], shardshuffle=False, empty_check=False, nodesplitter=_every_shard,
+                                 workersplitter=_every_shard)
+        for sample in dataset:
             docs.append((sample["__key__"], np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)))
     except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, bad npy payloads
         raise OSError(f"shard {url} is unreadable after {len(docs)} documents: {err!r}") from err

@@ -34,10 +34,12 @@ class RunLogger:
             self.wandb_run = self._init_wandb(attachments or {})
 
     def _truncate_after(self, start_step: int) -> None:
-        """A resumed run drops the lines a crashed run wrote after its last checkpoint."""
+        """A resumed run drops the lines a crashed run wrote after its last checkpoint (a train row's
+        step counts steps done; validation at ``start_step`` is run again on resume)."""
         if self.metrics_file.exists():
-            keep = [line for line in self.metrics_file.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] < start_step]
+            rows = [(line, json.loads(line)) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+            keep = [line for line, row in rows
+                    if row["step"] < start_step or (row["step"] == start_step and row["kind"] == "train")]
             self.metrics_file.write_text("".join(line + "\n" for line in keep))
 
     def _init_wandb(self, attachments: dict):

@@ -21,15 +21,3 @@ def set_lr(engine, lr: float) -> None:
     """Set the LR on every parameter group (ZeRO optimizers expose the wrapped groups)."""
     for group in engine.optimizer.param_groups:
         group["lr"] = lr
-
-
-def drop_gradients(engine) -> None:
-    """Discard accumulated gradients so the optimizer leaves every parameter untouched."""
-    for p in engine.module.parameters():
-        p.grad = None
-
-
-def checks_gradient_overflow(engine) -> bool:
-    """Whether DeepSpeed's own optimizer wrapper skips a step whose gradients are non-finite
-    (ZeRO 1-3 and the bf16 optimizer do; plain fp32 without ZeRO does not)."""
-    return engine.zero_optimization_stage() >= 1 or engine.bfloat16_enabled()

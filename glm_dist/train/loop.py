@@ -28,7 +28,7 @@ from glm_dist.observability.flops import peak_flops
 from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
 from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
-from glm_dist.parallel.engine import build_engine, checks_gradient_overflow, drop_gradients, set_lr
+from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.checkpoint import CheckpointManager
 from glm_dist.train.errors import TrainingDiverged
 from glm_dist.train.optim import build_optimizer
@@ -59,7 +59,8 @@ class Trainer:
         model = build_model(cfg.model.family, self.model_cfg)
         model.activation_checkpointing = cfg.train.activation_checkpointing
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
-        self.engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=self.dist.world_size)
+        self.optimizer = build_optimizer(model, cfg.train)
+        self.engine = build_engine(model, self.optimizer, cfg, dp_size=self.dist.world_size)
         self.loader = CLMLoader(cfg.data.shards_dir, seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                                 grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
                                 dp_size=self.dist.world_size, seed=cfg.train.seed)
@@ -85,12 +86,13 @@ class Trainer:
                          f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
                          + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else ""))
         before = self.validate()
-        while self.state.step < t.max_steps:
+        end = min(t.max_steps, t.stop_at_step or t.max_steps)
+        while self.state.step < end:
             self.train_step()
             step = self.state.step
-            if t.eval_interval and step % t.eval_interval == 0 and step < t.max_steps:
+            if t.eval_interval and step % t.eval_interval == 0 and step < end:
                 self.validate()
-            if t.save_interval and step % t.save_interval == 0 and step < t.max_steps:
+            if t.save_interval and step % t.save_interval == 0 and step < end:
                 self.save()
         after = self.validate()
         if self.state.step > start or self.resume_from is None:
@@ -99,7 +101,9 @@ class Trainer:
                    "val_loss": after["loss"], "val_perplexity": after["perplexity"],
                    "val_bits_per_byte": after["bits_per_byte"], **asdict(self.state)}
         self.log.message(f"validation perplexity: {before['perplexity']:.2f} before -> "
-                         f"{after['perplexity']:.2f} after {self.state.step} steps")
+                         f"{after['perplexity']:.2f} after {self.state.step} steps"
+                         + ("" if self.state.step >= t.max_steps else
+                            f" (stopped at train.stop_at_step; rerun to continue to {t.max_steps})"))
         if self.dist.is_main and t.plot:
             png = plot_loss_curve(self.log.metrics_file, Path(t.out_dir) / "loss_curve.png",
                                   title=f"{self.cfg.model.flavor} ({self.cfg.objective.name})")
@@ -117,15 +121,13 @@ class Trainer:
             with self.autocast:
                 logits = self.engine(batch["input_ids"].to(self.engine.device))
             loss = clm.loss(logits, {"labels": batch["labels"].to(self.engine.device)})
-            # Every rank must agree that the step is bad, or their optimizer steps diverge.
+            # Every rank must agree that the step is bad, or their weights diverge.
             bad = bad or all_reduce([float(not torch.isfinite(loss))], "max")[0] > 0
-            # A bad step's gradients are made non-finite on purpose: DeepSpeed's overflow check
-            # then discards the whole step (or, without ZeRO/bf16, we drop them ourselves).
-            self.engine.backward(loss * float("nan") if bad else loss)
+            self.engine.backward(loss)
             losses.append(loss.item())
-            if bad and not checks_gradient_overflow(self.engine) and self.engine.is_gradient_accumulation_boundary():
-                drop_gradients(self.engine)
+            self.optimizer.skip_next = bad  # read by the optimizer step at the accumulation boundary
             self.engine.step()
+        self.optimizer.skip_next = False
         self.state.step += 1
         self.state.tokens += self.loader.global_batch_size * self.seq_len
         mean_loss = all_reduce([sum(losses) / len(losses)])[0] / self.dist.world_size

@@ -17,6 +17,21 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
 
 
-def build_optimizer(model: nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
+class SkippableAdamW(torch.optim.AdamW):
+    """AdamW whose next ``step()`` can be cancelled: weights and moments stay untouched.
+
+    Set ``skip_next`` when any rank saw a non-finite loss. DeepSpeed's ZeRO and bf16 wrappers
+    call this optimizer's ``step`` on their fp32 partitions, so one flag covers every stage.
+    """
+
+    skip_next = False
+
+    def step(self, closure=None):
+        if self.skip_next:
+            return None
+        return super().step(closure)
+
+
+def build_optimizer(model: nn.Module, t: TrainConfig) -> SkippableAdamW:
+    return SkippableAdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
                              eps=t.eps)
