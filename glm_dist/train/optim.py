@@ -33,5 +33,7 @@ class SkippableAdamW(torch.optim.AdamW):
 
 
 def build_optimizer(model: nn.Module, t: TrainConfig) -> SkippableAdamW:
+    # fused=True: one kernel over all tensors (CPU and CUDA since torch 2.4), ~4x faster than
+    # the foreach default on the CPU (bench/train_throughput.py).
     return SkippableAdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
-                             eps=t.eps)
+                          eps=t.eps, fused=True)
