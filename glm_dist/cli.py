@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from glm_dist.data.shards import ShardSetError
     from glm_dist.train.checkpoint import CheckpointError
-    from glm_dist.train.errors import TrainingDiverged
+    from glm_dist.train.errors import Preempted, TrainingDiverged
 
     try:
         return _run(args)
@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as err:
         print(f"glm {args.command}: stopped: {err}", file=sys.stderr)
         return 3
+    except Preempted as err:
+        print(f"glm {args.command}: {err}", file=sys.stderr)
+        return Preempted.exit_code
 
 
 if __name__ == "__main__":

@@ -72,6 +72,10 @@ class TrainConfig:
     eval_interval: int = _f(100, "validate every N steps (0: only before and after)")
     eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
     save_interval: int = _f(0, "checkpoint every N steps (0: only at the end)")
+    keep_last: int = _f(3, "keep the newest N checkpoints (older ones are deleted after a save)")
+    keep_every: int = _f(0, "also keep every checkpoint whose step is a multiple of M (0: none)")
+    stop_signals: list = _f(["SIGUSR1", "SIGTERM"], "on these signals: finish the step, checkpoint, "
+                            "exit 75 (SLURM's --signal / preemption; slurm/train.sbatch requeues)")
     stop_at_step: Optional[int] = _f(
         None, "checkpoint and exit once this step is reached (the schedule still runs to max_steps); "
               "for jobs cut into time slots -- rerun the same command to continue")

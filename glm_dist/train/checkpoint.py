@@ -87,6 +87,18 @@ class CheckpointManager:
         barrier()
         return final
 
+    def rotate(self, *, keep_last: int, keep_every: int = 0) -> list[Path]:
+        """Delete complete checkpoints beyond the newest ``keep_last``, except multiples of
+        ``keep_every``; rank 0 only. Returns what was deleted."""
+        if not self.dist.is_main or keep_last < 1:
+            return []
+        complete = sorted(p for p in self.root.glob("step_*") if (p / "meta.json").exists())
+        doomed = [p for p in complete[:-keep_last]
+                  if not (keep_every and int(p.name.split("_")[1]) % keep_every == 0)]
+        for path in doomed:
+            shutil.rmtree(path)
+        return doomed
+
     def load(self, engine, path: Path) -> dict:
         """Load engine state and this rank's RNG; returns the client state."""
         try:

@@ -3,3 +3,9 @@
 
 class TrainingDiverged(RuntimeError):
     """Too many steps with a non-finite loss."""
+
+
+class Preempted(RuntimeError):
+    """A stop signal arrived; a checkpoint was written. Exit code 75 asks the launcher to requeue."""
+
+    exit_code = 75  # EX_TEMPFAIL

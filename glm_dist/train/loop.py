@@ -30,7 +30,8 @@ from glm_dist.observability.run_logger import RunLogger
 from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.checkpoint import CheckpointManager
-from glm_dist.train.errors import TrainingDiverged
+from glm_dist.train.errors import Preempted, TrainingDiverged
+from glm_dist.train.preemption import StopRequest
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.schedule import lr_at
 
@@ -77,6 +78,7 @@ class Trainer:
                          if cfg.train.precision == "bf16-autocast" else contextlib.nullcontext())
         self.log = RunLogger(cfg, is_main=self.dist.is_main, start_step=self.state.step,
                              attachments={"data_manifest.json": self.manifest})
+        self.stop = StopRequest(cfg.train.stop_signals)
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -94,6 +96,8 @@ class Trainer:
                 self.validate()
             if t.save_interval and step % t.save_interval == 0 and step < end:
                 self.save()
+            if self.stop.agreed() and step < end:
+                self._preempt()
         after = self.validate()
         if self.state.step > start or self.resume_from is None:
             self.save()
@@ -134,6 +138,14 @@ class Trainer:
         if bad:
             self._count_skip(mean_loss)
         self._log_step(mean_loss, time.perf_counter() - t0)
+
+    def _preempt(self) -> None:
+        """Checkpoint and leave with ``Preempted`` (exit code 75: requeue me)."""
+        path = self.save()
+        self.log.message(f"stop signal ({self.stop.received or 'on another rank'}) at step {self.state.step}: "
+                         f"checkpoint {path} written; exiting with code {Preempted.exit_code} so the job is requeued")
+        self.log.close()
+        raise Preempted(f"stopped by a signal at step {self.state.step}; resume from {path}")
 
     def _count_skip(self, loss: float) -> None:
         self.state.skipped_steps += 1
@@ -178,6 +190,7 @@ class Trainer:
         tokenizer = Path(self.cfg.data.shards_dir) / self.manifest["tokenizer"]["file"]
         path = self.ckpts.save(self.engine, self.state.step, client, meta,
                                extra_files={"tokenizer.json": tokenizer})
+        self.ckpts.rotate(keep_last=self.cfg.train.keep_last, keep_every=self.cfg.train.keep_every)
         self.log.message(f"checkpoint: {path}")
         return path
 
