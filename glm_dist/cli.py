@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="data preparation")
     dsub = p.add_subparsers(dest="data_command", required=True)
     _config_args(dsub.add_parser("tokenize", help="train/load the tokenizer and write token shards"))
+    sub.add_parser("launch", help="torchrun with defaults (see glm launch --help)")
+    sub.add_parser("slurm", help="glm slurm submit -c CONFIG --nodes N ... (see glm slurm submit --help)")
     return parser
 
 
@@ -102,6 +104,23 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("GLM_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    # The deepspeed launcher passes --local_rank=N before our arguments; LOCAL_RANK carries it too.
+    for arg in [a for a in argv if a.startswith(("--local_rank=", "--local-rank="))]:
+        os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
+        argv.remove(arg)
+    if argv[:1] == ["launch"]:  # torchrun's own options follow: not parsed here
+        from glm_dist.launch import main as launch_main
+
+        return launch_main(argv[1:])
+    if argv[:1] == ["slurm"]:
+        from glm_dist.slurm import main as slurm_main
+
+        try:
+            return slurm_main(argv[1:])
+        except ConfigError as err:
+            print(f"glm slurm: error: {err}", file=sys.stderr)
+            return 2
     args = _parser().parse_args(argv)
     from glm_dist.data.shards import ShardSetError
     from glm_dist.train.checkpoint import CheckpointError

@@ -24,6 +24,25 @@ def seq_len(cfg: Config) -> int:
     return cfg.data.seq_len or model_config(cfg).context_length
 
 
+def check_launcher_agrees(cfg: Config, env: dict[str, str]) -> None:
+    """Under ``accelerate launch`` with its DeepSpeed plugin, the plugin's settings must match the
+    config tree (which generates the DeepSpeed JSON): two sources of truth that disagree is an error."""
+    if env.get("ACCELERATE_USE_DEEPSPEED") != "true":
+        return
+    ours = {"zero_stage": str(cfg.parallel.zero_stage), "gradient_accumulation_steps": str(cfg.train.grad_accum_steps),
+            "mixed_precision": "no" if cfg.train.precision == "fp32" else "bf16"}
+    theirs = {"zero_stage": env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"),
+              "gradient_accumulation_steps": env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
+              "mixed_precision": env.get("ACCELERATE_MIXED_PRECISION")}
+    keys = {"zero_stage": "parallel.zero_stage", "gradient_accumulation_steps": "train.grad_accum_steps",
+            "mixed_precision": "train.precision"}
+    for name, value in theirs.items():
+        if value is not None and value != ours[name]:
+            raise ConfigError(f"accelerate's DeepSpeed plugin has {name}={value} but the config gives {ours[name]} "
+                              f"({keys[name]} in {source_of(cfg, keys[name])}); make the accelerate config "
+                              f"file and the glm config agree")
+
+
 def validate(cfg: Config, *, world_size: int = 1) -> None:
     """Raise ``ConfigError`` for the first inconsistent combination of fields."""
     mc = model_config(cfg)

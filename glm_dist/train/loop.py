@@ -7,6 +7,7 @@ written) -> shards -> model -> DeepSpeed engine -> loader -> restore -> validate
 from __future__ import annotations
 
 import contextlib
+import os
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -16,7 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.bpe import token_byte_lengths
-from glm_dist.config.checks import model_config, seq_len, validate
+from glm_dist.config.checks import check_launcher_agrees, model_config, seq_len, validate
 from glm_dist.config.loader import ConfigError, to_dict
 from glm_dist.config.schema import Config
 from glm_dist.data.loader import CLMLoader, validation_batches
@@ -24,7 +25,7 @@ from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import evaluate
 from glm_dist.models.registry import build_model
 from glm_dist.objectives import clm
-from glm_dist.observability.flops import peak_flops
+from glm_dist.observability.flops import measure_matmul_peak, peak_flops
 from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
 from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
@@ -47,6 +48,7 @@ class Trainer:
     def __init__(self, cfg: Config, dist: DistInfo | None = None):
         self.cfg, self.dist = cfg, dist or init_distributed()
         validate(cfg, world_size=self.dist.world_size)
+        check_launcher_agrees(cfg, dict(os.environ))
         self.ckpts = CheckpointManager(Path(cfg.train.out_dir) / "checkpoints", self.dist)
         self.resume_from = self.ckpts.resolve(cfg.train.resume)  # fails before anything is written
         self.manifest = ensure_shards(cfg.data, self.dist)
@@ -79,6 +81,9 @@ class Trainer:
         self.log = RunLogger(cfg, is_main=self.dist.is_main, start_step=self.state.step,
                              attachments={"data_manifest.json": self.manifest})
         self.stop = StopRequest(cfg.train.stop_signals)
+        # MFU's denominator: a known GPU's datasheet peak, else this process's measured matmul peak.
+        self.peak_flops = peak_flops() or (measure_matmul_peak(
+            torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16, seconds=0.5) if self.dist.is_main else None)
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -166,9 +171,8 @@ class Trainer:
                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
                    "tokens_per_s": tokens_per_s, "tokens": self.state.tokens,
                    "epoch": self.loader.stream.position.epoch, "skipped_steps": self.state.skipped_steps}
-        peak = peak_flops()
-        if peak:
-            metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.dist.world_size)
+        if self.peak_flops:
+            metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
         self.log.train_step(self.state.step, metrics)
 
     def validate(self) -> dict:

@@ -1,0 +1,96 @@
+"""``glm launch``: torchrun with defaults for a workstation, and the per-node launcher under SLURM.
+
+    glm launch train -c CONFIG [key=value ...]                  # one node: --standalone, one process
+                                                                #   per visible GPU (or --nproc-per-node CPU processes)
+    glm launch --nnodes 4 --rdzv-endpoint node1:29500 --rdzv-id JOB train -c CONFIG   # one node of many
+
+Two things plain torchrun does not do, needed for preemption: SIGUSR1 to the launcher is passed
+on to its workers instead of killing it (SLURM's ``--signal`` reaches every process of the job,
+a workstation user signals just this one; the workers checkpoint on it), and when every worker
+exits with the "preempted" code 75, so does this command, so the batch script can requeue the job.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from glm_dist.train.errors import Preempted
+
+
+def default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() or 1
+
+
+def torchrun_argv(args: argparse.Namespace, command: list[str]) -> list[str]:
+    nproc = args.nproc_per_node or default_nproc()
+    argv = [f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}"]
+    if args.nnodes == 1 and not args.rdzv_endpoint:
+        argv.append("--standalone")
+    else:
+        if not args.rdzv_endpoint:
+            raise SystemExit("glm launch: --rdzv-endpoint HOST:PORT is required with --nnodes > 1")
+        argv += [f"--nnodes={args.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
+                 f"--rdzv-id={args.rdzv_id}"]
+    return argv + ["-m", "glm_dist.cli", *command]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), e.g. torchrun's workers."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+        children[ppid].append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _forward_to_workers(signum, frame) -> None:
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="glm launch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc-per-node", type=int, default=0, help="default: visible GPUs, else 1")
+    ap.add_argument("--nnodes", type=int, default=1)
+    ap.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous (multi-node)")
+    ap.add_argument("--rdzv-id", default=os.environ.get("SLURM_JOB_ID", "glm"))
+    ap.add_argument("--max-restarts", type=int, default=0)
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the glm command to run, e.g. train -c CONFIG")
+    args = ap.parse_args(argv)
+    if not args.command:
+        ap.error("give the glm command to run, e.g. train -c CONFIG")
+    nproc = args.nproc_per_node or default_nproc()
+    if "OMP_NUM_THREADS" not in os.environ:  # share the CPU cores between local processes
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    signal.signal(signal.SIGUSR1, _forward_to_workers)
+    try:
+        run(parse_args(torchrun_argv(args, args.command)))
+    except ChildFailedError as err:
+        codes = {failure.exitcode for failure in err.failures.values()}
+        if codes == {Preempted.exit_code}:
+            return Preempted.exit_code
+        print(f"glm launch: worker(s) failed with exit code(s) {sorted(codes)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,56 @@
+"""``glm slurm submit``: check the config, then ``sbatch slurm/train.sbatch CONFIG [key=value ...]``."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from glm_dist.config.checks import validate
+from glm_dist.config.loader import load_config
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
+
+
+def sbatch_command(args: argparse.Namespace) -> list[str]:
+    cmd = ["sbatch", "--parsable", f"--nodes={args.nodes}"]
+    if args.gpus_per_node:
+        cmd.append(f"--gpus-per-node={args.gpus_per_node}")
+    for flag in ("time", "partition", "account", "job_name"):
+        if getattr(args, flag):
+            cmd.append(f"--{flag.replace('_', '-')}={getattr(args, flag)}")
+    return cmd + [*args.sbatch_arg, str(args.template), args.config, *args.overrides]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="glm slurm submit", description=__doc__)
+    ap.add_argument("action", choices=["submit"])
+    ap.add_argument("-c", "--config", required=True)
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--gpus-per-node", type=int, default=0, help="0: CPU processes (GLM_PROCS_PER_NODE, default 1)")
+    ap.add_argument("--time")
+    ap.add_argument("--partition")
+    ap.add_argument("--account")
+    ap.add_argument("--job-name")
+    ap.add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, repeatable")
+    ap.add_argument("--template", default=TEMPLATE)
+    ap.add_argument("--dry-run", action="store_true", help="print the sbatch command, submit nothing")
+    args = ap.parse_intermixed_args(argv)
+    per_node = args.gpus_per_node or int(os.environ.get("GLM_PROCS_PER_NODE", 1))
+    validate(load_config(args.config, args.overrides), world_size=args.nodes * per_node)  # fail before queueing
+    cmd = sbatch_command(args)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    Path("slurm-logs").mkdir(exist_ok=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"glm slurm submit: sbatch failed: {proc.stderr.strip()}", file=sys.stderr)
+        return proc.returncode
+    job_id = proc.stdout.strip().split(";")[0]
+    print(job_id)
+    print(f"submitted job {job_id}; log: slurm-logs/{args.job_name or 'glm-train'}-{job_id}.out", file=sys.stderr)
+    return 0
