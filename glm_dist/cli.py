@@ -96,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
 
         d = cfg.data
         manifest = prepare_shards(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer,
+                                  profile=d.tokenizer_profile, workers=d.encode_workers,
                                   vocab_size=d.vocab_size, val_per_mille=d.val_per_mille,
                                   shard_max_bytes=d.shard_max_bytes, text_field=d.text_field)
         print(json.dumps({s: len(v) for s, v in manifest["splits"].items()}))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from data_pipeline.tokenize.bpe import EOT, token_byte_lengths
+from data_pipeline.tokenize.vocab_tables import token_byte_lengths
 from data_pipeline.tokenize.prepare import prepare_shards, read_documents
 from glm_dist.data.loader import CLMLoader, validation_batches
 from glm_dist.data.shards import ShardSetError, read_manifest, read_shard
@@ -34,9 +34,9 @@ def test_manifest_counts_match_the_shards(shards_dir):
         for info in manifest["splits"][split]:
             docs = read_shard(f"{shards_dir}/{info['name']}")
             assert len(docs) == info["num_samples"]
-            assert sum(len(t) for _, t in docs) == info["num_tokens"]
+            assert sum(len(d.tokens) for d in docs) == info["num_tokens"]
     tok = Tokenizer.from_file(f"{shards_dir}/tokenizer.json")
-    assert manifest["tokenizer"]["eot_id"] == tok.token_to_id(EOT)
+    assert manifest["tokenizer"]["eot_id"] == tok.token_to_id("<|endoftext|>")
 
 
 def test_tokenizer_round_trips_text_and_counts_bytes(shards_dir):
@@ -46,7 +46,7 @@ def test_tokenizer_round_trips_text_and_counts_bytes(shards_dir):
     assert tok.decode(ids) == text
     lengths = token_byte_lengths(tok)
     assert sum(lengths[i] for i in ids) == len(text.encode())
-    assert lengths[tok.token_to_id(EOT)] == 0
+    assert lengths[tok.token_to_id("<|endoftext|>")] == 0
 
 
 def test_blocks_are_documents_joined_by_end_of_text(shards_dir):

@@ -25,23 +25,26 @@ class ShardInfo:
 
 @dataclass
 class ShardSetWriter:
-    """Writes one split's documents into size-capped shards named ``{split}-{index:05d}.tar``."""
+    """Writes one split's documents into size-capped shards named ``{prefix}-{index:04d}.tar``."""
 
     root: str
     split: str
     max_bytes: int
+    prefix: str = ""
     shards: list[ShardInfo] = field(default_factory=list)
     _writer: wds.TarWriter | None = None
     _stream: io.BufferedWriter | None = None
     _size: int = 0
 
-    def write(self, key: str, tokens: np.ndarray, meta: dict) -> None:
+    def write(self, key: str, tokens: np.ndarray, meta: dict, *, sentences: np.ndarray | None = None) -> None:
+        """One document: its token ids, its sentence start indices, and metadata."""
         if self._writer is None or self._size >= self.max_bytes:
             self._roll()
-        buf = io.BytesIO()
-        np.save(buf, tokens, allow_pickle=False)
-        payload = buf.getvalue()
-        self._writer.write({"__key__": key, "tokens.npy": payload, "json": json.dumps(meta).encode()})
+        sample = {"__key__": key, "tokens.npy": _npy(tokens), "json": json.dumps(meta).encode()}
+        if sentences is not None:
+            sample["sentences.npy"] = _npy(sentences)
+        self._writer.write(sample)
+        payload = sample["tokens.npy"]
         info = self.shards[-1]
         info.num_samples += 1
         info.num_tokens += int(tokens.size)
@@ -54,7 +57,7 @@ class ShardSetWriter:
 
     def _roll(self) -> None:
         self._finish()
-        name = f"{self.split}-{len(self.shards):05d}.tar"
+        name = f"{self.prefix or self.split}-{len(self.shards):04d}.tar"
         self.shards.append(ShardInfo(name))
         self._stream = fsspec.open(f"{self.root}/{name}.tmp", "wb").open()
         self._writer = wds.TarWriter(self._stream)
@@ -68,6 +71,12 @@ class ShardSetWriter:
         fs, path = fsspec.core.url_to_fs(f"{self.root}/{self.shards[-1].name}")
         fs.mv(path + ".tmp", path)
         self._writer = self._stream = None
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
 
 
 def write_manifest(root: str, manifest: dict) -> None:

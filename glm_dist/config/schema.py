@@ -36,11 +36,14 @@ class DataConfig:
     source: str = _f("embedded", "'embedded' (pydoc text of the stdlib) or a JSONL/text path or glob")
     text_field: str = _f("text", "JSONL field holding the document text")
     shards_dir: str = _f("data/embedded-gpt2", "where the tokenizer, shards and manifest.json live")
-    tokenizer: str = _f("train", "'train' a byte-level BPE on the source, or a tokenizer.json path")
+    tokenizer: str = _f("train", "'train' a tokenizer of data.tokenizer_profile on the source, or a tokenizer.json path")
+    tokenizer_profile: str = _f("gpt2", "gpt2 | roberta (also BART) | bert (also ELECTRA) | albert | t5 | xlnet: "
+                                        "the kind (byte BPE / WordPiece / Unigram) and special tokens")
     vocab_size: int = _f(8192, "vocabulary size when training the tokenizer")
     val_per_mille: int = _f(50, "documents held out for validation, per thousand (by document hash)")
     seq_len: Optional[int] = _f(None, "training sequence length (default: model context length)")
     shard_max_bytes: int = _f(64 * 2**20, "approximate size of one shard")
+    encode_workers: int = _f(0, "local processes encoding input files in parallel (0: one per core)")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from glm_dist.data.shards import read_shard
+from glm_dist.data.shards import Doc, read_shard
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class DocumentStream:
     urls: list[str]
     seed: int
     shuffle: bool = True
-    reader: Callable[[str], list[tuple[str, np.ndarray]]] = read_shard
+    reader: Callable[[str], list[Doc]] = read_shard
     position: StreamPosition = field(default_factory=StreamPosition)
     skipped: Counter = field(default_factory=Counter)
 
@@ -45,7 +45,7 @@ class DocumentStream:
             return np.arange(num_docs)
         return np.random.default_rng([self.seed, epoch, shard]).permutation(num_docs)
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[Doc]:
         """Yield documents forever; ``position`` always names the next document to yield."""
         while True:
             pos = self.position
@@ -57,7 +57,7 @@ class DocumentStream:
                 docs = self._read(shard)
                 perm = self.doc_order(pos.epoch, shard, len(docs))
                 while pos.doc_pos < len(perm):
-                    doc = docs[perm[pos.doc_pos]][1]
+                    doc = docs[perm[pos.doc_pos]]
                     pos.doc_pos += 1
                     yielded = True
                     yield doc
@@ -67,7 +67,7 @@ class DocumentStream:
                 raise RuntimeError(f"no readable document in any of {len(self.urls)} shards "
                                    f"(skipped: {dict(self.skipped)})")
 
-    def _read(self, shard: int) -> list[tuple[str, np.ndarray]]:
+    def _read(self, shard: int) -> list[Doc]:
         try:
             return self.reader(self.urls[shard])
         except OSError as err:

@@ -13,6 +13,7 @@ def ensure_shards(data: DataConfig, dist: DistInfo) -> dict:
         from data_pipeline.tokenize.prepare import prepare_shards
 
         prepare_shards(source=data.source, out_dir=data.shards_dir, tokenizer=data.tokenizer,
+                       profile=data.tokenizer_profile, workers=data.encode_workers,
                        vocab_size=data.vocab_size, val_per_mille=data.val_per_mille,
                        shard_max_bytes=data.shard_max_bytes, text_field=data.text_field)
     barrier()

@@ -4,12 +4,19 @@ from __future__ import annotations
 import io
 import json
 import logging
+from typing import NamedTuple
 
 import fsspec
 import numpy as np
 import webdataset as wds
 
 log = logging.getLogger(__name__)
+
+
+class Doc(NamedTuple):
+    key: str
+    tokens: np.ndarray  # token ids
+    sentences: np.ndarray  # token index where each sentence starts (int32; [0] when unknown)
 
 
 class ShardSetError(RuntimeError):
@@ -36,8 +43,8 @@ def _every_shard(urls):
     return urls
 
 
-def read_shard(url: str) -> list[tuple[str, np.ndarray]]:
-    """All documents of one shard as (key, token ids), in stored order.
+def read_shard(url: str) -> list[Doc]:
+    """All documents of one shard, in stored order.
 
     A truncated or corrupt shard raises ``OSError``/``ValueError`` naming the shard; the caller
     decides to skip and count it.
@@ -48,7 +55,10 @@ def read_shard(url: str) -> list[tuple[str, np.ndarray]]:
         dataset = wds.WebDataset([url], shardshuffle=False, empty_check=False, nodesplitter=_every_shard,
                                  workersplitter=_every_shard)
         for sample in dataset:
-            docs.append((sample["__key__"], np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)))
+            tokens = np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)
+            sentences = (np.load(io.BytesIO(sample["sentences.npy"]), allow_pickle=False)
+                         if "sentences.npy" in sample else np.zeros(1, dtype=np.int32))
+            docs.append(Doc(sample["__key__"], tokens, sentences))
     except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, bad npy payloads
         raise OSError(f"shard {url} is unreadable after {len(docs)} documents: {err!r}") from err
     return docs

@@ -8,10 +8,19 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
 import torch
+from tokenizers import Tokenizer
 
+from data_pipeline.tokenize.vocab_tables import token_byte_lengths
 from glm_dist.objectives import clm
 from glm_dist.parallel.distributed import all_reduce
+
+
+def byte_length_table(tok: Tokenizer, vocab_size: int) -> torch.Tensor:
+    """Bytes per token id, padded with zeros to the model's (possibly larger) vocabulary."""
+    lengths = token_byte_lengths(tok)
+    return torch.from_numpy(np.pad(lengths, (0, vocab_size - len(lengths))))
 
 
 @torch.no_grad()

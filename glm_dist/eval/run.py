@@ -7,12 +7,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from data_pipeline.tokenize.bpe import token_byte_lengths
 from glm_dist.config.checks import seq_len
 from glm_dist.config.schema import Config
 from glm_dist.data.loader import validation_batches
 from glm_dist.data.shards import read_manifest
-from glm_dist.eval.perplexity import evaluate
+from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model, model_config_from_dict
 from glm_dist.train.checkpoint import CheckpointError, consolidated_state_dict
 
@@ -35,8 +34,7 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str | Path) -> dict:
         raise CheckpointError(f"checkpoint {checkpoint} was trained with another tokenizer than the one in "
                               f"{cfg.data.shards_dir}; evaluate on shards made with the checkpoint's tokenizer.json")
     tok = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json"))
-    lengths = token_byte_lengths(tok)
-    byte_lengths = torch.tensor(lengths + [0] * (model.cfg.vocab_size - len(lengths)))
+    byte_lengths = byte_length_table(tok, model.cfg.vocab_size)
     batches = validation_batches(cfg.data.shards_dir, seq_len=min(seq_len(cfg), model.cfg.context_length),
                                  micro_batch_size=cfg.train.micro_batch_size, num_batches=cfg.train.eval_batches)
     metrics = evaluate(model, batches, byte_lengths=byte_lengths)

@@ -22,11 +22,11 @@ class CLMPacker:
         self.seq_len, self.eot_id = seq_len, eot_id
         self.tail = np.zeros(0, dtype=np.int64)  # packed tokens not yet emitted
 
-    def blocks(self, docs: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+    def blocks(self, docs: Iterable) -> Iterator[np.ndarray]:
         docs, eot = iter(docs), np.array([self.eot_id], dtype=np.int64)
         while True:
             while len(self.tail) < self.seq_len + 1:
-                self.tail = np.concatenate([self.tail, next(docs).astype(np.int64), eot])
+                self.tail = np.concatenate([self.tail, next(docs).tokens.astype(np.int64), eot])
             block = self.tail[:self.seq_len + 1]
             self.tail = self.tail[self.seq_len:]  # advance before yielding: state is exact
             yield block

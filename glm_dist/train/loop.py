@@ -16,13 +16,12 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from data_pipeline.tokenize.bpe import token_byte_lengths
 from glm_dist.config.checks import check_launcher_agrees, model_config, seq_len, validate
 from glm_dist.config.loader import ConfigError, to_dict
 from glm_dist.config.schema import Config
 from glm_dist.data.loader import CLMLoader, validation_batches
 from glm_dist.data.prepare import ensure_shards
-from glm_dist.eval.perplexity import evaluate
+from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model
 from glm_dist.objectives import clm
 from glm_dist.observability.flops import measure_matmul_peak, peak_flops
@@ -75,7 +74,7 @@ class Trainer:
                                               num_batches=cfg.train.eval_batches, dp_rank=self.dist.rank,
                                               dp_size=self.dist.world_size)
         tok = Tokenizer.from_file(f"{cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}")
-        self.byte_lengths = torch.tensor(token_byte_lengths(tok) + [0] * (self.model_cfg.vocab_size - vocab))
+        self.byte_lengths = byte_length_table(tok, self.model_cfg.vocab_size)
         self.autocast = (torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
                          if cfg.train.precision == "bf16-autocast" else contextlib.nullcontext())
         self.log = RunLogger(cfg, is_main=self.dist.is_main, start_step=self.state.step,
