@@ -13,14 +13,14 @@ from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.vocab_tables import token_byte_lengths
 from data_pipeline.tokenize.prepare import prepare_shards, read_documents
-from glm_dist.data.loader import CLMLoader, validation_batches
+from glm_dist.data.loader import Loader, validation_batches
 from glm_dist.data.shards import ShardSetError, read_manifest, read_shard
 
 
 def loader(shards_dir, **kw):
     args = dict(seq_len=32, micro_batch_size=2, grad_accum_steps=2, seed=7)
     args.update(kw)
-    return CLMLoader(shards_dir, **args)
+    return Loader(shards_dir, **args)
 
 
 def steps(ld, n):

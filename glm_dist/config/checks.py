@@ -60,6 +60,10 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
                           f"({where('data.seq_len')})")
     if mc.sparse_window is not None and mc.sparse_window < 1:
         raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
+    trainable = {"gpt": ("clm",)}
+    if cfg.objective.name not in trainable.get(cfg.model.family, ()):
+        raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
+                          f"{cfg.model.family!r}, which trains with {', '.join(trainable.get(cfg.model.family, ()))}")
     t = cfg.train
     for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
         if getattr(t, key) < 1:

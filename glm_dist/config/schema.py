@@ -48,7 +48,20 @@ class DataConfig:
 
 @dataclass
 class ObjectiveConfig:
-    name: Literal["clm"] = _f("clm", "training objective (clm: causal LM on packed documents)")
+    name: Literal["clm", "mlm", "mlm_nsp", "sop", "span_corruption", "denoising", "electra", "plm"] = _f(
+        "clm", "clm (GPT) | mlm (RoBERTa) | mlm_nsp (BERT) | sop (ALBERT) | span_corruption (T5) | "
+               "denoising (BART) | electra | plm (XLNet)")
+    mask_rate: float = _f(0.15, "MLM / ELECTRA: fraction of tokens selected for prediction")
+    mask_frac: float = _f(0.8, "MLM: of the selected, fraction replaced by the mask token")
+    random_frac: float = _f(0.1, "MLM: of the selected, fraction replaced by a random token")
+    whole_word: bool = _f(False, "MLM: mask all pieces of a word together")
+    max_ngram: int = _f(1, "MLM: mask spans of up to n words, p(n) ~ 1/n (ALBERT: 3; sop implies 3)")
+    noise_density: float = _f(0.15, "T5: fraction of tokens in noise spans")
+    mean_span: float = _f(3.0, "T5: mean noise span length")
+    mask_ratio: float = _f(0.3, "BART: fraction of tokens masked by text infilling")
+    poisson_lambda: float = _f(3.0, "BART: mean span length of text infilling")
+    permute_sentences: bool = _f(True, "BART: permute all sentences")
+    random_ratio: float = _f(0.0, "BART: fraction of mask tokens replaced by random tokens")
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""Causal language modelling (GPT): documents packed with end-of-text separators into blocks.
+"""Causal language modelling (GPT): documents packed with end-of-text separators into blocks;
+``TokenPacker`` also serves T5 (fixed-length raw spans).
 
 Packing is deterministic given the document stream, and its only state is the tail of the
-last document not yet emitted (``carry``), so a resumed run emits exactly the same blocks.
+last document not yet emitted (``tail``), so a resumed run emits exactly the same blocks.
 """
 from __future__ import annotations
 
@@ -14,21 +15,23 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
-class CLMPacker:
-    """Concatenate ``doc + [eot]`` and cut blocks of ``seq_len + 1`` tokens at stride ``seq_len``
-    (the last token of a block is the first input of the next, so every token is a target once)."""
+class TokenPacker:
+    """Concatenate documents (each followed by ``sep`` unless None) and cut blocks of ``block_len``
+    tokens every ``stride`` tokens. CLM: ``block_len = seq_len + 1``, ``stride = seq_len`` (the last
+    token of a block is the first input of the next, so every token is a target once); T5:
+    ``block_len = stride`` = the raw length of one example, no separator."""
 
-    def __init__(self, seq_len: int, eot_id: int):
-        self.seq_len, self.eot_id = seq_len, eot_id
+    def __init__(self, block_len: int, *, stride: int | None = None, sep: int | None = None):
+        self.block_len, self.stride, self.sep = block_len, stride or block_len, sep
         self.tail = np.zeros(0, dtype=np.int64)  # packed tokens not yet emitted
 
     def blocks(self, docs: Iterable) -> Iterator[np.ndarray]:
-        docs, eot = iter(docs), np.array([self.eot_id], dtype=np.int64)
+        docs, sep = iter(docs), np.array([] if self.sep is None else [self.sep], dtype=np.int64)
         while True:
-            while len(self.tail) < self.seq_len + 1:
-                self.tail = np.concatenate([self.tail, next(docs).tokens.astype(np.int64), eot])
-            block = self.tail[:self.seq_len + 1]
-            self.tail = self.tail[self.seq_len:]  # advance before yielding: state is exact
+            while len(self.tail) < self.block_len:
+                self.tail = np.concatenate([self.tail, next(docs).tokens.astype(np.int64), sep])
+            block = self.tail[:self.block_len]
+            self.tail = self.tail[self.stride:]  # advance before yielding: state is exact
             yield block
 
     def state_dict(self) -> dict:
@@ -36,6 +39,10 @@ class CLMPacker:
 
     def load_state_dict(self, state: dict) -> None:
         self.tail = np.asarray(state["tail"], dtype=np.int64)
+
+
+def clm_packer(seq_len: int, eot_id: int) -> TokenPacker:
+    return TokenPacker(seq_len + 1, stride=seq_len, sep=eot_id)
 
 
 def prepare(blocks: list[np.ndarray]) -> dict[str, torch.Tensor]:

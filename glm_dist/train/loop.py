@@ -19,11 +19,12 @@ from tokenizers import Tokenizer
 from glm_dist.config.checks import check_launcher_agrees, model_config, seq_len, validate
 from glm_dist.config.loader import ConfigError, to_dict
 from glm_dist.config.schema import Config
-from glm_dist.data.loader import CLMLoader, validation_batches
+from glm_dist.data.loader import Loader, validation_batches
 from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model
 from glm_dist.objectives import clm
+from glm_dist.objectives.registry import options_from_config
 from glm_dist.observability.flops import measure_matmul_peak, peak_flops
 from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
@@ -63,9 +64,10 @@ class Trainer:
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
         self.optimizer = build_optimizer(model, cfg.train)
         self.engine = build_engine(model, self.optimizer, cfg, dp_size=self.dist.world_size)
-        self.loader = CLMLoader(cfg.data.shards_dir, seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
-                                grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
-                                dp_size=self.dist.world_size, seed=cfg.train.seed)
+        self.loader = Loader(cfg.data.shards_dir, objective=cfg.objective.name, options=options_from_config(cfg.objective),
+                             seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
+                             grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
+                             dp_size=self.dist.world_size, seed=cfg.train.seed)
         self.state = TrainState()
         if self.resume_from is not None:
             self._restore(self.resume_from)

@@ -1,0 +1,79 @@
+"""BART denoising: sentence permutation + text infilling (fairseq data/denoising_dataset.py; the
+BART paper's setting by default: 30% of tokens in spans with Poisson(3) lengths, one mask per span,
+zero-length spans insert a mask, all sentences permuted).
+
+The decoder reconstructs the original text: labels are the unit as packed, decoder inputs are the
+labels shifted right starting with EOS (BART's decoder_start_token_id).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DenoisingConfig:
+    mask_ratio: float = 0.3
+    poisson_lambda: float = 3.0
+    permute_sentences: bool = True
+    random_ratio: float = 0.0  # fraction of mask tokens replaced by a random token (author command: 0.1)
+
+
+def permute_sentences(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    bounds = list(starts) + [len(tokens)]
+    pieces = [tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return np.concatenate([pieces[i] for i in rng.permutation(len(pieces))]) if pieces else tokens
+
+
+def span_lengths(num_to_mask: int, rng: np.random.Generator, lam: float) -> np.ndarray:
+    """Poisson(lam) lengths until they cover ``num_to_mask`` tokens; the last one is trimmed."""
+    lengths: list[int] = []
+    total = 0
+    while total < num_to_mask:
+        draw = rng.poisson(lam, size=max(8, int(2 * (num_to_mask - total) / lam) + 1))
+        for n in draw:
+            lengths.append(int(min(n, num_to_mask - total)))
+            total += lengths[-1]
+            if total >= num_to_mask:
+                break
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: DenoisingConfig,
+           vocab_size: int, special_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Text infilling. Returns (noised tokens, span lengths drawn) -- the lengths for statistics."""
+    n = len(tokens)
+    lengths = span_lengths(int(round(cfg.mask_ratio * n)), rng, cfg.poisson_lambda)
+    spans = lengths[lengths > 0]
+    inserts = int((lengths == 0).sum())
+    # Place the spans in a random order with a random composition of the kept tokens between them.
+    kept = n - int(spans.sum())
+    cuts = np.sort(rng.integers(0, kept + 1, size=len(spans)))
+    gaps = np.diff(np.concatenate([[0], cuts, [kept]]))
+    out, pos = [], 0
+    for gap, span in zip(gaps[:-1], spans):
+        out.append(tokens[pos:pos + gap])
+        out.append(np.array([mask_id]))
+        pos += gap + span
+    out.append(tokens[pos:])
+    noised = np.concatenate(out)
+    if inserts:  # zero-length spans: a mask inserted at random positions
+        at = np.sort(rng.integers(0, len(noised) + 1, size=inserts))
+        noised = np.insert(noised, at, mask_id)
+    if cfg.random_ratio:
+        masks = np.flatnonzero(noised == mask_id)
+        swap = masks[rng.random(len(masks)) < cfg.random_ratio]
+        noised[swap] = rng.integers(0, vocab_size, size=len(swap))
+        noised[swap] = np.where(np.isin(noised[swap], special_ids), mask_id, noised[swap])
+    return noised, lengths
+
+
+def noise(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator, *, mask_id: int, bos_id: int,
+          eos_id: int, cfg: DenoisingConfig, vocab_size: int, special_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """One example: encoder input ``<s> noised </s>``, labels ``<s> original </s>``."""
+    source = permute_sentences(tokens, starts, rng) if cfg.permute_sentences else tokens
+    noised, _ = infill(source, rng, mask_id=mask_id, cfg=cfg, vocab_size=vocab_size, special_ids=special_ids)
+    labels = np.concatenate([[bos_id], tokens, [eos_id]])
+    return {"input_ids": np.concatenate([[bos_id], noised, [eos_id]]), "labels": labels,
+            "decoder_input_ids": np.concatenate([[eos_id], labels[:-1]])}

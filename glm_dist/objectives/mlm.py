@@ -1,0 +1,113 @@
+"""Masked language modelling (BERT, RoBERTa; ALBERT's n-gram variant; whole-word masking).
+
+Select ``rate`` of the maskable tokens; of those, ``mask_frac`` become the mask token,
+``random_frac`` a random token, the rest stay (BERT: 15%, 80/10/10). Masks are drawn at load time
+from an RNG keyed by (seed, epoch, sample), so they change every epoch (RoBERTa's dynamic masking)
+and replay exactly on resume. Special tokens are never selected.
+
+Selection works on *words* when ``word_starts`` is given (whole-word masking: a word's pieces are
+masked together) and on spans of ``1..max_ngram`` words with p(n) ∝ 1/n when ``max_ngram > 1``
+(ALBERT). The number of selected tokens is ``round(rate * maskable)`` (google-research/bert's
+``num_to_predict``), so the rate holds for every sequence, not just on average.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    rate: float = 0.15
+    mask_frac: float = 0.8
+    random_frac: float = 0.1
+    max_ngram: int = 1  # ALBERT: 3
+    whole_word: bool = False
+
+
+def ngram_probabilities(max_ngram: int) -> np.ndarray:
+    """p(n) ∝ 1/n for n = 1..max_ngram (ALBERT: 6/11, 3/11, 2/11)."""
+    p = 1.0 / np.arange(1, max_ngram + 1)
+    return p / p.sum()
+
+
+def word_spans(tokens: np.ndarray, maskable: np.ndarray, word_starts: np.ndarray | None) -> list[tuple[int, int]]:
+    """[start, end) of each maskable word (a single token each without ``word_starts``)."""
+    idx = np.flatnonzero(maskable)
+    if word_starts is None or idx.size == 0:
+        return [(int(i), int(i) + 1) for i in idx]
+    starts = word_starts[tokens[idx]] | np.concatenate([[True], np.diff(idx) != 1])
+    cut = np.flatnonzero(starts)
+    ends = np.concatenate([cut[1:], [idx.size]])
+    return [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(cut, ends)]
+
+
+def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig,
+                     word_starts: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the positions to predict."""
+    selected = np.zeros(len(tokens), dtype=bool)
+    budget = int(round(cfg.rate * int(maskable.sum())))
+    if not cfg.whole_word and cfg.max_ngram == 1:  # token-level: one vectorised draw
+        selected[rng.choice(np.flatnonzero(maskable), size=budget, replace=False)] = True
+        return selected
+    words = word_spans(tokens, maskable, word_starts if (cfg.whole_word or cfg.max_ngram > 1) else None)
+    if not words or budget == 0:
+        return selected
+    order = rng.permutation(len(words))
+    ngrams = rng.choice(cfg.max_ngram, size=len(words), p=ngram_probabilities(cfg.max_ngram)) + 1
+    count = 0
+    for w, n in zip(order, ngrams):
+        if count >= budget:
+            break
+        span_words = words[w:w + n]
+        # A span must be contiguous in the sequence and may not overshoot the budget (BERT's rule).
+        span_words = [s for k, s in enumerate(span_words) if k == 0 or s[0] == span_words[k - 1][1]]
+        start, end = span_words[0][0], span_words[-1][1]
+        while end - start + count > budget and len(span_words) > 1:
+            span_words = span_words[:-1]
+            end = span_words[-1][1]
+        if end - start + count > budget or selected[start:end].any():
+            continue
+        selected[start:end] = True
+        count += end - start
+    return selected
+
+
+def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, cfg: MaskingConfig, mask_id: int, vocab_size: int,
+                special_ids: np.ndarray, word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels): labels hold the original token at selected positions, -100 elsewhere."""
+    maskable = ~np.isin(tokens, special_ids)
+    selected = select_positions(tokens, maskable, rng, cfg, word_starts)
+    labels = np.where(selected, tokens, IGNORE_INDEX)
+    inputs = tokens.copy()
+    u = rng.random(len(tokens))
+    to_mask = selected & (u < cfg.mask_frac)
+    to_random = selected & (u >= cfg.mask_frac) & (u < cfg.mask_frac + cfg.random_frac)
+    inputs[to_mask] = mask_id
+    inputs[to_random] = _random_ordinary(rng, int(to_random.sum()), vocab_size, special_ids)
+    return inputs, labels
+
+
+def _random_ordinary(rng: np.random.Generator, n: int, vocab_size: int, special_ids: np.ndarray) -> np.ndarray:
+    """``n`` random token ids that are not special tokens."""
+    out = rng.integers(0, vocab_size, size=n)
+    bad = np.isin(out, special_ids)
+    while bad.any():
+        out[bad] = rng.integers(0, vocab_size, size=int(bad.sum()))
+        bad = np.isin(out, special_ids)
+    return out
+
+
+def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the selected positions."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX)
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    chosen = labels != IGNORE_INDEX
+    return (logits.argmax(-1)[chosen] == labels[chosen]).float().mean()
