@@ -21,7 +21,8 @@ from tokenizers import Tokenizer
 from data_pipeline.tokenize.vocab_tables import word_start_table
 from glm_dist.data.documents import DocumentStream
 from glm_dist.data.shards import read_manifest, shard_urls
-from glm_dist.objectives.registry import SALT, ObjectiveOptions, UnitSource, Vocab, collate, make_sample
+from glm_dist.objectives.registry import (SALT, VARIABLE_LENGTH, ObjectiveOptions, UnitSource, Vocab, collate,
+                                          make_sample)
 
 
 def vocab_from_manifest(shards_dir: str, manifest: dict, *, whole_word: bool = False) -> Vocab:
@@ -49,6 +50,7 @@ class Loader:
         self.pad_id = self.vocab.ids.get("pad") if self.vocab.ids.get("pad") is not None else self.vocab.ids["eot"]
         self.stream = DocumentStream(shard_urls(shards_dir, manifest, split), seed=seed, shuffle=shuffle)
         self.source = UnitSource(objective, seq_len=seq_len, vocab=self.vocab, opts=self.options)
+        self.width = seq_len if objective in VARIABLE_LENGTH else None
         self.steps = 0
         self.samples = 0  # units emitted so far: the sample number of the next one
         self._units: Iterator | None = None
@@ -75,7 +77,7 @@ class Loader:
             start = (m * self.dp_size + self.dp_rank) * self.micro
             samples = [make_sample(self.objective, unit, self._rng(epoch, k, 1), vocab=self.vocab, opts=self.options)
                        for unit, epoch, k in units[start:start + self.micro]]
-            out.append(collate(samples, pad_id=self.pad_id))
+            out.append(collate(samples, pad_id=self.pad_id, width=self.width))
         return out
 
     def state_dict(self) -> dict:

@@ -36,6 +36,11 @@ def ngram_probabilities(max_ngram: int) -> np.ndarray:
     return p / p.sum()
 
 
+def draw_ngram_lengths(rng: np.random.Generator, count: int, max_ngram: int) -> np.ndarray:
+    """``count`` span lengths in words, p(n) ∝ 1/n."""
+    return rng.choice(max_ngram, size=count, p=ngram_probabilities(max_ngram)) + 1
+
+
 def word_spans(tokens: np.ndarray, maskable: np.ndarray, word_starts: np.ndarray | None) -> list[tuple[int, int]]:
     """[start, end) of each maskable word (a single token each without ``word_starts``)."""
     idx = np.flatnonzero(maskable)
@@ -59,7 +64,7 @@ def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Ge
     if not words or budget == 0:
         return selected
     order = rng.permutation(len(words))
-    ngrams = rng.choice(cfg.max_ngram, size=len(words), p=ngram_probabilities(cfg.max_ngram)) + 1
+    ngrams = draw_ngram_lengths(rng, len(words), cfg.max_ngram)
     count = 0
     for w, n in zip(order, ngrams):
         if count >= budget:

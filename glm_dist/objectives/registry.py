@@ -139,21 +139,25 @@ def options_from_config(o) -> ObjectiveOptions:
 PAD_VALUES = {"labels": mlm.IGNORE_INDEX}
 
 
-def collate(samples: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[str, torch.Tensor]:
-    """Stack samples, right-padding variable-length keys (ids with ``pad_id``, labels with -100,
-    the rest with 0) and adding ``attention_mask`` when inputs were padded."""
+VARIABLE_LENGTH = {"mlm", "electra", "mlm_nsp", "sop", "denoising"}  # padded to seq_len: fixed shapes
+
+
+def collate(samples: list[dict[str, np.ndarray]], *, pad_id: int, width: int | None = None) -> dict[str, torch.Tensor]:
+    """Stack samples, right-padding sequences to ``width`` (or the longest) -- ids with ``pad_id``,
+    labels with -100, the rest with 0 -- and adding ``attention_mask`` when inputs were padded."""
     batch: dict[str, torch.Tensor] = {}
     for key in samples[0]:
         arrays = [np.asarray(s[key]) for s in samples]
         if arrays[0].ndim == 0:
             batch[key] = torch.from_numpy(np.stack(arrays).astype(np.int64))
             continue
-        width = max(a.shape[0] for a in arrays)
+        longest = max(a.shape[0] for a in arrays)
+        to = max(width or 0, longest) if arrays[0].ndim == 1 else longest
         fill = PAD_VALUES.get(key, pad_id if key.endswith("input_ids") else 0)
-        padded = [np.pad(a, [(0, width - a.shape[0])] + [(0, 0)] * (a.ndim - 1), constant_values=fill) for a in arrays]
+        padded = [np.pad(a, [(0, to - a.shape[0])] + [(0, 0)] * (a.ndim - 1), constant_values=fill) for a in arrays]
         out = np.stack(padded)
         batch[key] = torch.from_numpy(out.astype(np.float32 if out.dtype.kind == "f" else np.int64))
-        if key == "input_ids" and any(a.shape[0] < width for a in arrays):
+        if key == "input_ids" and any(a.shape[0] < to for a in arrays):
             batch["attention_mask"] = torch.from_numpy(
-                np.stack([np.arange(width) < a.shape[0] for a in arrays]).astype(np.int64))
+                np.stack([np.arange(to) < a.shape[0] for a in arrays]).astype(np.int64))
     return batch

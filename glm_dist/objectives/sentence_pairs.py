@@ -24,8 +24,9 @@ class PairBuilder:
         if mode not in ("nsp", "sop"):
             raise ValueError(f"mode must be 'nsp' or 'sop', not {mode!r}")
         self.max_tokens, self.cls_id, self.sep_id, self.mode = seq_len - 3, cls_id, sep_id, mode
-        self.current: list[np.ndarray] = []  # sentences of the document being consumed
-        self.previous: list[np.ndarray] = []  # sentences of the document before it
+        self.current: list[np.ndarray] = []  # sentences of the document being consumed, not yet used
+        self.whole: list[np.ndarray] = []  # all sentences of that document
+        self.previous: list[np.ndarray] = []  # all sentences of the document before it
         self.count = 0  # pairs built (the sample id of the next pair)
 
     def pairs(self, docs: Iterable, rng_for: Callable[[int], np.random.Generator]) -> Iterator[dict]:
@@ -38,10 +39,11 @@ class PairBuilder:
             yield self._pair(rng)
 
     def _next_doc(self, doc) -> None:
-        if self.current:
-            self.previous = self.current
+        if self.whole:
+            self.previous = self.whole
         bounds = list(doc.sentences) + [len(doc.tokens)]
-        self.current = [doc.tokens[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        self.whole = [doc.tokens[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        self.current = list(self.whole)
 
     def _pair(self, rng: np.random.Generator) -> dict:
         target = self.max_tokens if rng.random() >= SHORT_SEQ_PROB else int(rng.integers(2, self.max_tokens + 1))
@@ -69,11 +71,12 @@ class PairBuilder:
         return {"tokens": tokens, "token_type_ids": segments, "sentence_label": label}
 
     def state_dict(self) -> dict:
-        return {"current": [s.tolist() for s in self.current], "previous": [s.tolist() for s in self.previous],
-                "count": self.count}
+        return {"current": [s.tolist() for s in self.current], "whole": [s.tolist() for s in self.whole],
+                "previous": [s.tolist() for s in self.previous], "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
         self.current = [np.asarray(s, dtype=np.int64) for s in state["current"]]
+        self.whole = [np.asarray(s, dtype=np.int64) for s in state["whole"]]
         self.previous = [np.asarray(s, dtype=np.int64) for s in state["previous"]]
         self.count = state["count"]
 
