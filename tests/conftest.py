@@ -1,6 +1,7 @@
 """Shared fixtures: the embedded corpus tokenized once per session, and a ``glm`` runner."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -8,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from data_pipeline.embedded import embedded_documents
+from data_pipeline.tokenize.prepare import prepare_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml")
@@ -22,11 +26,37 @@ FAST = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "data.seq_len=6
 @pytest.fixture(scope="session")
 def shards_dir(tmp_path_factory) -> str:
     """The embedded pydoc corpus as token shards (small shards, so there are several)."""
-    from data_pipeline.tokenize.prepare import prepare_shards
-
     out = tmp_path_factory.mktemp("shards") / "embedded"
     prepare_shards(source="embedded", out_dir=str(out), vocab_size=2048, shard_max_bytes=256 * 1024)
     return str(out)
+
+
+N_DOCS = 500  # the corpus of the objective and shard tests: the first pydoc documents
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for doc in list(embedded_documents())[:N_DOCS]:
+            f.write(json.dumps(doc) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def shards(corpus, tmp_path_factory):
+    """profile -> shard set (built once per session)."""
+    built = {}
+
+    def get(profile: str) -> str:
+        if profile not in built:
+            out = tmp_path_factory.mktemp(f"shards-{profile}")
+            prepare_shards(source=corpus, out_dir=str(out), profile=profile, vocab_size=3000,
+                           shard_max_bytes=128 * 1024, workers=1)
+            built[profile] = str(out)
+        return built[profile]
+
+    return get
 
 
 def clean_env(threads: int = 1) -> dict:

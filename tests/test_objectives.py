@@ -2,47 +2,16 @@
 each family's tokenizer. Rates are measured over thousands of sequences."""
 from __future__ import annotations
 
-import gzip
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from data_pipeline.embedded import embedded_documents
-from data_pipeline.tokenize.prepare import prepare_shards
 from glm_dist.data.loader import Loader
 from glm_dist.objectives import denoising, electra, mlm, span_corruption
 from glm_dist.objectives.mlm import IGNORE_INDEX, MaskingConfig
 from glm_dist.objectives.registry import ObjectiveOptions, make_sample
-
-N_DOCS = 500
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl.gz"
-    with gzip.open(path, "wt") as f:
-        for doc in list(embedded_documents())[:N_DOCS]:
-            f.write(json.dumps(doc) + "\n")
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def shards(corpus, tmp_path_factory):
-    """profile -> shard set (built once per session)."""
-    built = {}
-
-    def get(profile: str) -> str:
-        if profile not in built:
-            out = tmp_path_factory.mktemp(f"shards-{profile}")
-            prepare_shards(source=corpus, out_dir=str(out), profile=profile, vocab_size=3000,
-                           shard_max_bytes=128 * 1024, workers=1)
-            built[profile] = str(out)
-        return built[profile]
-
-    return get
-
 
 def batches(shards_dir, objective, *, n_steps, seq_len=128, micro=32, options=None, seed=3):
     ld = Loader(shards_dir, objective=objective, seq_len=seq_len, micro_batch_size=micro, seed=seed, options=options)

@@ -60,7 +60,7 @@ class ShardSetWriter:
         name = f"{self.prefix or self.split}-{len(self.shards):04d}.tar"
         self.shards.append(ShardInfo(name))
         self._stream = fsspec.open(f"{self.root}/{name}.tmp", "wb").open()
-        self._writer = wds.TarWriter(self._stream)
+        self._writer = wds.TarWriter(self._stream, mtime=0)  # fixed mtime: reproducible shards
         self._size = 0
 
     def _finish(self) -> None:

@@ -1,0 +1,136 @@
+"""Tokenizer profiles, resumable parallel shard writing, remote shards, every objective's resume."""
+from __future__ import annotations
+
+import filecmp
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline.tokenize.prepare import prepare_shards
+from data_pipeline.tokenize.profiles import PROFILES
+from glm_dist.data.loader import Loader
+from glm_dist.data.shards import read_manifest, read_shard
+from glm_dist.objectives.registry import OBJECTIVES
+
+TEXT = "Return the number of items in a container. Hello, World!"
+PROFILE_FOR = {"clm": "gpt2", "mlm": "roberta", "mlm_nsp": "bert", "sop": "albert", "span_corruption": "t5",
+               "denoising": "roberta", "electra": "bert", "plm": "xlnet"}
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_tokenizer_profile_loads_in_transformers_with_its_special_tokens(profile, shards, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    d = shards(profile)
+    manifest = read_manifest(d)
+    tok = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json")
+    ids = manifest["tokenizer"]["special_ids"]
+    for role, token in PROFILES[profile].roles.items():
+        assert tok.convert_tokens_to_ids(token) == ids[role], (role, token)
+    assert ids["all_specials"][:len(PROFILES[profile].specials)] == list(range(len(PROFILES[profile].specials)))
+    plain = tok(TEXT, add_special_tokens=False).input_ids
+    expected = TEXT.lower() if PROFILES[profile].kind == "wordpiece" else TEXT
+    assert tok.decode(plain) == expected
+    if profile == "t5":
+        assert len(ids["sentinels"]) == 100 and ids["sentinels"][0] == manifest["tokenizer"]["vocab_size"] - 1
+        assert tok.convert_ids_to_tokens(ids["sentinels"][:2]) == ["<extra_id_0>", "<extra_id_1>"]
+    framed = tok(TEXT, "Second one.").input_ids  # the family's pair template
+    if profile in ("bert", "albert"):
+        assert framed[0] == ids["cls"] and framed.count(ids["sep"]) == 2
+    if profile == "roberta":
+        assert framed[0] == ids["bos"] and framed.count(ids["eos"]) == 3
+    if profile == "xlnet":
+        assert framed[-1] == ids["cls"]
+
+
+def test_shards_hold_documents_with_sentence_starts_and_counts(shards):
+    d = shards("bert")
+    manifest = read_manifest(d)
+    total = 0
+    for split in ("train", "validation"):
+        for info in manifest["splits"][split]:
+            docs = read_shard(f"{d}/{info['name']}")
+            assert len(docs) == info["num_samples"] and sum(len(x.tokens) for x in docs) == info["num_tokens"]
+            for doc in docs:
+                assert doc.sentences[0] == 0 and np.all(np.diff(doc.sentences) > 0)
+                assert doc.sentences[-1] < max(len(doc.tokens), 1)
+            total += len(docs)
+    assert total == manifest["source"]["documents"] == 500
+    assert sum(len(read_shard(f"{d}/{s['name']}")[0].sentences) for s in manifest["splits"]["train"]) > 20
+
+
+def test_interrupted_encoding_resumes_to_byte_identical_shards(corpus, tmp_path):
+    kw = dict(source=corpus, profile="gpt2", vocab_size=1000, shard_max_bytes=64 * 1024)
+    # Split the corpus in 3 files so there are 3 tasks.
+    lines = Path(corpus).read_bytes()
+    import gzip
+
+    docs = gzip.decompress(lines).decode().splitlines()
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"part-{i}.jsonl").write_text("\n".join(docs[i::3]) + "\n")
+    kw["source"] = str(src / "part-*.jsonl")
+    straight = prepare_shards(out_dir=str(tmp_path / "a"), workers=2, **kw)
+    assert prepare_shards(out_dir=str(tmp_path / "b"), task=1, **kw) is None  # one array task, no manifest yet
+    assert not (tmp_path / "b/manifest.json").exists() and (tmp_path / "b/.tasks/00001.json").exists()
+    (tmp_path / "b/train-00000-0000.tar.tmp").write_bytes(b"debris of a killed task")
+    resumed = prepare_shards(out_dir=str(tmp_path / "b"), workers=1, **kw)
+    assert resumed["splits"] == straight["splits"]
+    for info in straight["splits"]["train"] + straight["splits"]["validation"]:
+        assert filecmp.cmp(tmp_path / "a" / info["name"], tmp_path / "b" / info["name"], shallow=False)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_every_objective_resumes_exactly(objective, shards):
+    d = shards(PROFILE_FOR[objective])
+    kw = dict(objective=objective, seq_len=64, micro_batch_size=4, grad_accum_steps=2, seed=5)
+    straight = Loader(d, **kw)
+    expected = [straight.next_step() for _ in range(6)]
+    first = Loader(d, **kw)
+    for _ in range(2):
+        first.next_step()
+    resumed = Loader(d, **kw)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for want in expected[2:]:
+        got = resumed.next_step()
+        for g, w in zip(got, want):
+            assert g.keys() == w.keys()
+            assert all(torch.equal(g[k], w[k]) for k in g), objective
+
+
+def test_uneven_shards_give_every_rank_the_same_batches_and_shapes(shards):
+    d = shards("roberta")
+    sizes = [s["num_samples"] for s in read_manifest(d)["splits"]["train"]]
+    assert max(sizes) > 2 * min(sizes)  # the last shard of each task is small
+    ranks = [Loader(d, objective="mlm", seq_len=64, micro_batch_size=3, dp_rank=r, dp_size=3, seed=2) for r in range(3)]
+    for _ in range(40):  # past the end of the epoch
+        shapes = {tuple(ld.next_step()[0]["input_ids"].shape) for ld in ranks}
+        assert shapes == {(3, 64)}
+    assert {ld.stream.position.epoch for ld in ranks} == {ranks[0].stream.position.epoch}
+
+
+@pytest.fixture
+def http_server(shards):
+    root = Path(shards("gpt2"))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", str(root)
+    server.shutdown()
+
+
+def test_remote_shards_over_http_give_the_same_samples_as_local(http_server):
+    url, local = http_server
+    kw = dict(objective="clm", seq_len=64, micro_batch_size=4, seed=9)
+    remote, here = Loader(url, **kw), Loader(local, **kw)
+    for _ in range(5):
+        assert torch.equal(remote.next_step()[0]["input_ids"], here.next_step()[0]["input_ids"])
