@@ -41,7 +41,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="data preparation")
     dsub = p.add_subparsers(dest="data_command", required=True)
-    _config_args(dsub.add_parser("tokenize", help="train/load the tokenizer and write token shards"))
+    tok = dsub.add_parser("tokenize", help="train/load the tokenizer and write token shards")
+    _config_args(tok)
+    tok.add_argument("--task", type=int, help="run only this encoding task (one input file; SLURM array index)")
+    tok.add_argument("--prepare-only", action="store_true",
+                     help="only write the tokenizer and print the number of encoding tasks")
     sub.add_parser("launch", help="torchrun with defaults (see glm launch --help)")
     sub.add_parser("slurm", help="glm slurm submit -c CONFIG --nodes N ... (see glm slurm submit --help)")
     return parser
@@ -92,14 +96,18 @@ def _run(args: argparse.Namespace) -> int:
 
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     elif args.command == "data":
-        from data_pipeline.tokenize.prepare import prepare_shards
+        from data_pipeline.tokenize.prepare import prepare_shards, prepare_tokenizer
 
         d = cfg.data
-        manifest = prepare_shards(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer,
-                                  profile=d.tokenizer_profile, workers=d.encode_workers,
-                                  vocab_size=d.vocab_size, val_per_mille=d.val_per_mille,
-                                  shard_max_bytes=d.shard_max_bytes, text_field=d.text_field)
-        print(json.dumps({s: len(v) for s, v in manifest["splits"].items()}))
+        spec = dict(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer, profile=d.tokenizer_profile,
+                    vocab_size=d.vocab_size, val_per_mille=d.val_per_mille, shard_max_bytes=d.shard_max_bytes,
+                    text_field=d.text_field)
+        if args.prepare_only:
+            print(prepare_tokenizer(**spec))
+            return 0
+        manifest = prepare_shards(workers=d.encode_workers, task=args.task, **spec)
+        if manifest is not None:
+            print(json.dumps({s: len(v) for s, v in manifest["splits"].items()}))
     return 0
 
 
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return slurm_main(argv[1:])
-        except ConfigError as err:
+        except (ConfigError, RuntimeError, FileNotFoundError) as err:
             print(f"glm slurm: error: {err}", file=sys.stderr)
             return 2
     args = _parser().parse_args(argv)

@@ -1,4 +1,5 @@
-"""``glm slurm submit``: check the config, then ``sbatch slurm/train.sbatch CONFIG [key=value ...]``."""
+"""``glm slurm submit``: check the config, then ``sbatch slurm/train.sbatch CONFIG [key=value ...]``.
+``glm slurm submit-data``: the tokenizer here, then the encoding array and its merge job."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,7 @@ from glm_dist.config.checks import validate
 from glm_dist.config.loader import load_config
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
+DATA_TEMPLATE = TEMPLATE.with_name("data.sbatch")
 
 
 def sbatch_command(args: argparse.Namespace) -> list[str]:
@@ -24,9 +26,38 @@ def sbatch_command(args: argparse.Namespace) -> list[str]:
     return cmd + [*args.sbatch_arg, str(args.template), args.config, *args.overrides]
 
 
+def _sbatch(cmd: list[str], env: dict | None = None) -> str:
+    Path("slurm-logs").mkdir(exist_ok=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {proc.stderr.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def submit_data(args: argparse.Namespace) -> int:
+    from data_pipeline.tokenize.prepare import prepare_tokenizer
+
+    d = load_config(args.config, args.overrides).data
+    tasks = prepare_tokenizer(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer, profile=d.tokenizer_profile,
+                              vocab_size=d.vocab_size, val_per_mille=d.val_per_mille,
+                              shard_max_bytes=d.shard_max_bytes, text_field=d.text_field)
+    common = [*args.sbatch_arg, str(DATA_TEMPLATE), args.config, *args.overrides]
+    array = ["sbatch", "--parsable", f"--array=0-{tasks - 1}", *common]
+    merge = ["sbatch", "--parsable", "--dependency=afterok:{array}", *common]
+    if args.dry_run:
+        print(shlex.join(array))
+        print("GLM_DATA_MERGE=1 " + shlex.join(merge))
+        return 0
+    array_id = _sbatch(array)
+    merge_id = _sbatch([part.format(array=array_id) for part in merge], env={**os.environ, "GLM_DATA_MERGE": "1"})
+    print(f"{array_id} {merge_id}")
+    print(f"submitted {tasks} encoding tasks (job {array_id}) and the merge (job {merge_id})", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="glm slurm submit", description=__doc__)
-    ap.add_argument("action", choices=["submit"])
+    ap = argparse.ArgumentParser(prog="glm slurm", description=__doc__)
+    ap.add_argument("action", choices=["submit", "submit-data"])
     ap.add_argument("-c", "--config", required=True)
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     ap.add_argument("--nodes", type=int, default=1)
@@ -39,18 +70,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--template", default=TEMPLATE)
     ap.add_argument("--dry-run", action="store_true", help="print the sbatch command, submit nothing")
     args = ap.parse_intermixed_args(argv)
+    if args.action == "submit-data":
+        return submit_data(args)
     per_node = args.gpus_per_node or int(os.environ.get("GLM_PROCS_PER_NODE", 1))
     validate(load_config(args.config, args.overrides), world_size=args.nodes * per_node)  # fail before queueing
     cmd = sbatch_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    Path("slurm-logs").mkdir(exist_ok=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"glm slurm submit: sbatch failed: {proc.stderr.strip()}", file=sys.stderr)
-        return proc.returncode
-    job_id = proc.stdout.strip().split(";")[0]
+    job_id = _sbatch(cmd)
     print(job_id)
     print(f"submitted job {job_id}; log: slurm-logs/{args.job_name or 'glm-train'}-{job_id}.out", file=sys.stderr)
     return 0

@@ -195,3 +195,36 @@ def test_wandb_offline_run_holds_the_metrics_config_and_manifest(shards_dir, tmp
     assert run["config"]["train"]["max_steps"] == 12 and run["config"]["model"]["n_layer"] == 2
     assert "data_manifest.json" in run["files"]
     assert json.loads((tmp_path / "data_manifest.json").read_text())["tokenizer"]["vocab_size"] == 2048
+
+
+def test_tokenization_as_a_slurm_array_matches_the_local_run(slurm_cluster, corpus, tmp_path):
+    import filecmp
+    import gzip
+
+    from data_pipeline.tokenize.prepare import prepare_shards
+
+    src = tmp_path / "src"
+    src.mkdir()
+    docs = gzip.decompress(Path(corpus).read_bytes()).decode().splitlines()
+    for i in range(3):
+        (src / f"part-{i}.jsonl").write_text("\n".join(docs[i::3]) + "\n")
+    data = [f"data.source={src}/part-*.jsonl", "data.vocab_size=1000", "data.shard_max_bytes=65536"]
+    local = prepare_shards(source=f"{src}/part-*.jsonl", out_dir=str(tmp_path / "local"), vocab_size=1000,
+                           shard_max_bytes=65536)
+    env = clean_env(threads=1) | {"GLM_VENV": sys.prefix}
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "slurm", "submit-data", "-c", TINY, *data,
+                           f"data.shards_dir={tmp_path / 'slurm'}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    array_job, merge_job = proc.stdout.split()
+    log = tmp_path / "slurm-logs"
+    info = wait_for(merge_job, log / "merge.out")
+    assert info["JobState"] == "COMPLETED", "\n".join(p.read_text() for p in log.glob("*.out"))
+    assert len(list(log.glob(f"glm-data-{array_job}_*.out"))) == 3  # one log per array task
+    manifest = read_manifest_json(tmp_path / "slurm")
+    assert manifest["splits"] == local["splits"]
+    for info in local["splits"]["train"] + local["splits"]["validation"]:
+        assert filecmp.cmp(tmp_path / "local" / info["name"], tmp_path / "slurm" / info["name"], shallow=False)
+
+
+def read_manifest_json(root: Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())

@@ -193,6 +193,15 @@ def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
     return manifest
 
 
+def prepare_tokenizer(**kwargs) -> int:
+    """Step 1 alone (before a SLURM array): the source files and the tokenizer. Returns the number
+    of encoding tasks."""
+    spec = ShardSpec(**kwargs)
+    files = source_files(spec)
+    ensure_tokenizer(spec, files)
+    return len(files)
+
+
 def prepare_shards(*, workers: int = 0, task: int | None = None, **kwargs) -> dict | None:
     """Build the shard set (all steps), or with ``task`` only that encoding task (SLURM arrays).
     ``workers``: local processes for the encoding tasks (0: one per core, at most the task count)."""
@@ -203,6 +212,8 @@ def prepare_shards(*, workers: int = 0, task: int | None = None, **kwargs) -> di
     files = source_files(spec)
     tok = ensure_tokenizer(spec, files)
     if task is not None:
+        if not 0 <= task < len(files):
+            raise ValueError(f"task {task} out of range: {spec.source!r} has {len(files)} input files (tasks 0..{len(files) - 1})")
         encode_task(spec, files, task)
         return None
     pending = [t for t in range(len(files)) if not fs.exists(f"{root}/.tasks/{t:05d}.json")]
