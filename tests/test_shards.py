@@ -134,3 +134,19 @@ def test_remote_shards_over_http_give_the_same_samples_as_local(http_server):
     remote, here = Loader(url, **kw), Loader(local, **kw)
     for _ in range(5):
         assert torch.equal(remote.next_step()[0]["input_ids"], here.next_step()[0]["input_ids"])
+
+
+def test_worker_processes_deliver_the_same_batches_and_resume_exactly(shards):
+    from glm_dist.data.workers import WorkerLoader
+
+    d = shards("roberta")
+    kw = dict(objective="mlm", seq_len=64, micro_batch_size=4, grad_accum_steps=2, seed=4)
+    plain, workers = Loader(d, **kw), WorkerLoader(d, num_workers=2, **kw)
+    for _ in range(5):
+        for a, b in zip(plain.next_step(), workers.next_step()):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+    resumed = WorkerLoader(d, num_workers=2, **kw)
+    resumed.load_state_dict(json.loads(json.dumps(workers.state_dict())))
+    for _ in range(3):
+        for a, b in zip(plain.next_step(), resumed.next_step()):
+            assert all(torch.equal(a[k], b[k]) for k in a)

@@ -43,9 +43,10 @@ def test_two_processes_with_zero_match_one_process_step_by_step(zero_stage, shar
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("precision,zero_stage", [("fp32", 0), ("bf16", 2)])
-def test_stopped_and_resumed_run_gives_identical_losses(precision, zero_stage, shards_dir, tmp_path):
-    common = ["train.max_steps=10", f"train.precision={precision}", f"parallel.zero_stage={zero_stage}"]
+@pytest.mark.parametrize("precision,zero_stage,workers", [("fp32", 0, 0), ("bf16", 2, 0), ("fp32", 1, 2)])
+def test_stopped_and_resumed_run_gives_identical_losses(precision, zero_stage, workers, shards_dir, tmp_path):
+    common = ["train.max_steps=10", f"train.precision={precision}", f"parallel.zero_stage={zero_stage}",
+              f"data.num_workers={workers}"]
     run_glm(fast(shards_dir, tmp_path / "straight", *common))
     run_glm(fast(shards_dir, tmp_path / "split", *common, "train.stop_at_step=5"))
     assert (tmp_path / "split/checkpoints/step_00000005/meta.json").exists()

@@ -62,8 +62,13 @@ class Loader:
     def _rng(self, epoch: int, sample: int, stage: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, SALT[self.objective], stage, epoch, sample])
 
-    def next_step(self) -> list[dict[str, torch.Tensor]]:
-        """This rank's ``grad_accum_steps`` micro batches for the next optimizer step."""
+    @property
+    def epoch(self) -> int:
+        return self.stream.position.epoch
+
+    def next_step(self, *, build: bool = True) -> list[dict[str, torch.Tensor]]:
+        """This rank's ``grad_accum_steps`` micro batches for the next optimizer step
+        (``build=False``: advance past the step without noising or collating -- for workers)."""
         if self._units is None:
             self._units = self.source.units(self.stream, lambda k: self._rng(self.stream.position.epoch, k, 0))
         units = []
@@ -73,7 +78,7 @@ class Loader:
             self.samples += 1
         self.steps += 1
         out = []
-        for m in range(self.accum):
+        for m in range(self.accum if build else 0):
             start = (m * self.dp_size + self.dp_rank) * self.micro
             samples = [make_sample(self.objective, unit, self._rng(epoch, k, 1), vocab=self.vocab, opts=self.options)
                        for unit, epoch, k in units[start:start + self.micro]]

@@ -20,6 +20,7 @@ from glm_dist.config.checks import check_launcher_agrees, model_config, seq_len,
 from glm_dist.config.loader import ConfigError, to_dict
 from glm_dist.config.schema import Config
 from glm_dist.data.loader import Loader, validation_batches
+from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model
@@ -64,10 +65,12 @@ class Trainer:
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
         self.optimizer = build_optimizer(model, cfg.train)
         self.engine = build_engine(model, self.optimizer, cfg, dp_size=self.dist.world_size)
-        self.loader = Loader(cfg.data.shards_dir, objective=cfg.objective.name, options=options_from_config(cfg.objective),
-                             seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
-                             grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
-                             dp_size=self.dist.world_size, seed=cfg.train.seed)
+        loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective),
+                           seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
+                           grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
+                           dp_size=self.dist.world_size, seed=cfg.train.seed)
+        self.loader = (WorkerLoader(cfg.data.shards_dir, num_workers=cfg.data.num_workers, **loader_args)
+                       if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
         self.state = TrainState()
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -171,7 +174,7 @@ class Trainer:
         metrics = {"loss": loss, "lr": lr_at(self.state.step - 1, self.cfg.train),
                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
                    "tokens_per_s": tokens_per_s, "tokens": self.state.tokens,
-                   "epoch": self.loader.stream.position.epoch, "skipped_steps": self.state.skipped_steps}
+                   "epoch": self.loader.epoch, "skipped_steps": self.state.skipped_steps}
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
         self.log.train_step(self.state.step, metrics)
