@@ -93,14 +93,14 @@ def main() -> None:
                "gpt2-small (124M)": train_tokens_per_s("gpt2-small", n_layer=None, seq_len=args.seq_len, batch=4)}
     print("training step consumption on this machine (bf16, tokens/s): "
           + ", ".join(f"{k}: {v:,.0f}" for k, v in consume.items()))
-    slowest = max(consume.values())
+    fastest_step = max(consume.values())
     print(f"\n| objective | 0 workers | 1 worker | 2 workers | best ÷ tiny step's consumption |")
     print("|---|---|---|---|---|")
     for objective in args.objectives.split(","):
         d = shards_for(PROFILE_FOR[objective], args.root)
         rates = [loader_tokens_per_s(d, objective, w, seq_len=args.seq_len, batch=args.batch, seconds=args.seconds)
                  for w in (0, 1, 2)]
-        print(f"| {objective} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[2]:,.0f} | {max(rates) / slowest:.0f}x |")
+        print(f"| {objective} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[2]:,.0f} | {max(rates) / fastest_step:.0f}x |")
     ours, hf = masking_vs_transformers(shards_for("roberta", args.root), seq_len=args.seq_len, batch=args.batch, rounds=40)
     print(f"\nMLM masking, tokens/s: glm-dist {ours:,.0f} | transformers DataCollatorForLanguageModeling {hf:,.0f} "
           f"| ratio {ours / hf:.2f}x")

@@ -69,8 +69,21 @@ def test_same_seed_same_batches_other_seed_other_order(shards_dir):
 
 def test_epochs_reshuffle_document_order(shards_dir):
     ld = loader(shards_dir)
-    assert not np.array_equal(ld.stream.shard_order(0), ld.stream.shard_order(1)) or \
-        not np.array_equal(ld.stream.doc_order(0, 0, 50), ld.stream.doc_order(1, 0, 50))
+    assert not np.array_equal(ld.stream.shard_order(0), ld.stream.shard_order(1))
+    assert not np.array_equal(ld.stream.doc_order(0, [0], 50), ld.stream.doc_order(1, [0], 50))
+
+
+def test_shuffle_window_mixes_documents_of_several_shards(shards_dir):
+    four = loader(shards_dir, shuffle_window=4)
+    source = {}
+    for info in read_manifest(shards_dir)["splits"]["train"]:
+        for doc in read_shard(f"{shards_dir}/{info['name']}"):
+            source[doc.key] = info["name"]
+    window = four.stream.windows(0)[0]
+    assert len(window) == 4
+    drawn = [next(it).key for it in [iter(four.stream)] for _ in range(40)]
+    assert len({source[k] for k in drawn}) > 1  # the first 40 documents come from several shards
+    assert {source[k] for k in drawn} <= {read_manifest(shards_dir)["splits"]["train"][i]["name"] for i in window}
 
 
 def test_exact_resume_replays_the_same_batches(shards_dir):
@@ -138,11 +151,12 @@ def test_validation_batches_give_every_rank_the_same_count(shards_dir):
 def test_corrupt_shard_is_skipped_counted_and_named(shards_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(shards_dir, broken)
-    victim = read_manifest(str(broken))["splits"]["train"][1]["name"]
+    info = read_manifest(str(broken))["splits"]["train"][1]
+    victim = info["name"]
     data = (broken / victim).read_bytes()
     (broken / victim).write_bytes(data[: len(data) // 3] + b"\x00garbage" * 50)
     with pytest.raises(OSError, match=victim):
-        read_shard(str(broken / victim))
+        read_shard(str(broken / victim), expected=info["num_samples"])
     ld = loader(str(broken), seq_len=256, micro_batch_size=50, grad_accum_steps=8)
     while ld.stream.position.epoch == 0:  # one whole epoch: every shard is visited
         ld.next_step()

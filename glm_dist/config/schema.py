@@ -44,6 +44,7 @@ class DataConfig:
     seq_len: Optional[int] = _f(None, "training sequence length (default: model context length)")
     shard_max_bytes: int = _f(64 * 2**20, "approximate size of one shard")
     encode_workers: int = _f(0, "local processes encoding input files in parallel (0: one per core)")
+    shuffle_window: int = _f(4, "shuffle buffer: documents of this many shards are shuffled together")
     num_workers: int = _f(0, "dataloader worker processes building batches ahead (0: in the training process)")
 
 

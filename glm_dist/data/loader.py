@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.vocab_tables import word_start_table
 from glm_dist.data.documents import DocumentStream
-from glm_dist.data.shards import read_manifest, shard_urls
+from glm_dist.data.shards import read_manifest, shard_sizes, shard_urls
 from glm_dist.objectives.registry import (SALT, VARIABLE_LENGTH, ObjectiveOptions, UnitSource, Vocab, collate,
                                           make_sample)
 
@@ -40,7 +40,7 @@ def vocab_from_manifest(shards_dir: str, manifest: dict, *, whole_word: bool = F
 class Loader:
     def __init__(self, shards_dir: str, *, objective: str = "clm", split: str = "train", seq_len: int,
                  micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
-                 shuffle: bool = True, options: ObjectiveOptions | None = None):
+                 shuffle: bool = True, shuffle_window: int = 1, options: ObjectiveOptions | None = None):
         manifest = read_manifest(shards_dir)
         self.objective, self.seed = objective, seed
         self.micro, self.accum = micro_batch_size, grad_accum_steps
@@ -48,7 +48,8 @@ class Loader:
         self.options = options or ObjectiveOptions()
         self.vocab = vocab_from_manifest(shards_dir, manifest, whole_word=self.options.masking.whole_word)
         self.pad_id = self.vocab.ids.get("pad") if self.vocab.ids.get("pad") is not None else self.vocab.ids["eot"]
-        self.stream = DocumentStream(shard_urls(shards_dir, manifest, split), seed=seed, shuffle=shuffle)
+        self.stream = DocumentStream(shard_urls(shards_dir, manifest, split), seed=seed, shuffle=shuffle,
+                                     window=shuffle_window, sizes=shard_sizes(manifest, split))
         self.source = UnitSource(objective, seq_len=seq_len, vocab=self.vocab, opts=self.options)
         self.width = seq_len if objective in VARIABLE_LENGTH else None
         self.steps = 0

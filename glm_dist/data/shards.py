@@ -43,11 +43,16 @@ def _every_shard(urls):
     return urls
 
 
-def read_shard(url: str) -> list[Doc]:
+def shard_sizes(manifest: dict, split: str) -> list[int]:
+    return [s["num_samples"] for s in manifest["splits"][split]]
+
+
+def read_shard(url: str, expected: int | None = None) -> list[Doc]:
     """All documents of one shard, in stored order.
 
-    A truncated or corrupt shard raises ``OSError``/``ValueError`` naming the shard; the caller
-    decides to skip and count it.
+    A truncated or corrupt shard raises ``OSError`` naming the shard; the caller decides to skip
+    and count it. ``expected`` (the manifest's count) catches what tar alone does not: Python's
+    tarfile takes a garbled header after the first member for the end of the archive.
     """
     docs = []
     try:
@@ -61,4 +66,7 @@ def read_shard(url: str) -> list[Doc]:
             docs.append(Doc(sample["__key__"], tokens, sentences))
     except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, bad npy payloads
         raise OSError(f"shard {url} is unreadable after {len(docs)} documents: {err!r}") from err
+    if expected is not None and len(docs) != expected:
+        raise OSError(f"shard {url} holds {len(docs)} documents but manifest.json lists {expected}: "
+                      f"truncated or corrupt")
     return docs

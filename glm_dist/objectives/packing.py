@@ -33,7 +33,7 @@ class SentencePacker:
         for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
             for start in range(a, b, self.capacity):  # cut over-long sentences
                 self.pending.append(tokens[start:min(b, start + self.capacity)])
-                self.pending_new_doc.append(k == 0 and start == a)
+                self.pending_new_doc.append(bool(k == 0 and start == a))
 
     def _emit(self) -> tuple[np.ndarray, np.ndarray]:
         parts, starts, size = [], [], 0
@@ -52,7 +52,7 @@ class SentencePacker:
         return np.concatenate(parts)[: self.capacity], np.asarray(starts, dtype=np.int64)
 
     def state_dict(self) -> dict:
-        return {"pending": [p.tolist() for p in self.pending], "pending_new_doc": list(self.pending_new_doc)}
+        return {"pending": [p.tolist() for p in self.pending], "pending_new_doc": [bool(b) for b in self.pending_new_doc]}
 
     def load_state_dict(self, state: dict) -> None:
         self.pending = [np.asarray(p, dtype=np.int64) for p in state["pending"]]

@@ -68,7 +68,7 @@ class Trainer:
         loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective),
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                            grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
-                           dp_size=self.dist.world_size, seed=cfg.train.seed)
+                           dp_size=self.dist.world_size, seed=cfg.train.seed, shuffle_window=cfg.data.shuffle_window)
         self.loader = (WorkerLoader(cfg.data.shards_dir, num_workers=cfg.data.num_workers, **loader_args)
                        if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
         self.state = TrainState()
