@@ -7,6 +7,8 @@ browser), so it runs in a child process and skips those.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from typing import Iterator
@@ -14,7 +16,8 @@ from typing import Iterator
 # Modules whose import has side effects or needs a display/terminal.
 SKIP = {"this", "antigravity", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc", "sre_compile",
         "sre_constants", "sre_parse", "curses", "lib2to3", "xxlimited", "xxsubtype", "msvcrt",
-        "winreg", "winsound", "nt", "_winapi"}
+        "winreg", "winsound", "nt", "_winapi",
+        "sys"}  # sys's page lists this process's argv, paths and flags
 MAX_DOC_CHARS = 6000  # long module pages are cut at paragraph breaks into documents of this size
 
 
@@ -26,6 +29,9 @@ def _render_all() -> None:  # runs in the child process; writes JSONL to stdout
     import warnings
 
     warnings.simplefilter("ignore")
+    # Install paths appear in some pages (sys.path, sys.executable, ...): replace them so the corpus
+    # is the same in every checkout and virtual environment.
+    paths = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix}, key=len, reverse=True)
     out = sys.stdout
     sys.stdout = io.StringIO()  # swallow anything a module prints on import
     for name in sorted(sys.stdlib_module_names):
@@ -38,6 +44,9 @@ def _render_all() -> None:  # runs in the child process; writes JSONL to stdout
             continue
         # Drop the install-specific "FILE /path/to/module.py" section so the corpus is portable.
         text = "\n".join(line for line in text.splitlines() if not line.strip().startswith(os.sep))
+        for path in paths:
+            text = text.replace(path, "<prefix>")
+        text = re.sub(r" at 0x[0-9a-f]+|, handle [0-9a-f]+", "", text)  # addresses differ from run to run
         out.write(json.dumps({"module": name, "text": text}) + "\n")
     out.flush()
 
@@ -60,8 +69,11 @@ def split_paragraphs(text: str, max_chars: int) -> list[str]:
 
 def embedded_documents() -> Iterator[dict]:
     """Yield ``{"id", "text"}`` documents of the embedded pydoc corpus, in a fixed order."""
+    # A clean environment: pages such as os.environ's must not carry this machine's variables.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": here, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
     proc = subprocess.run([sys.executable, "-c", "from data_pipeline.embedded import _render_all; _render_all()"],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=env, cwd="/")
     for line in proc.stdout.splitlines():
         page = json.loads(line)
         for k, piece in enumerate(split_paragraphs(page["text"], MAX_DOC_CHARS)):

@@ -105,10 +105,16 @@ def test_every_objective_resumes_exactly(objective, shards):
             assert all(torch.equal(g[k], w[k]) for k in g), objective
 
 
-def test_uneven_shards_give_every_rank_the_same_batches_and_shapes(shards):
-    d = shards("roberta")
+def test_uneven_shards_give_every_rank_the_same_batches_and_shapes(corpus, tmp_path):
+    import gzip
+
+    docs = gzip.decompress(Path(corpus).read_bytes()).decode().splitlines()
+    for i, (a, b) in enumerate([(0, 300), (300, 330), (330, 500)]):  # 300, 30 and 170 documents
+        (tmp_path / f"part-{i}.jsonl").write_text("\n".join(docs[a:b]) + "\n")
+    d = str(tmp_path / "shards")
+    prepare_shards(source=f"{tmp_path}/part-*.jsonl", out_dir=d, profile="roberta", vocab_size=2000, workers=1)
     sizes = [s["num_samples"] for s in read_manifest(d)["splits"]["train"]]
-    assert max(sizes) > 2 * min(sizes)  # the last shard of each task is small
+    assert len(sizes) == 3 and max(sizes) > 5 * min(sizes)
     ranks = [Loader(d, objective="mlm", seq_len=64, micro_batch_size=3, dp_rank=r, dp_size=3, seed=2) for r in range(3)]
     for _ in range(40):  # past the end of the epoch
         shapes = {tuple(ld.next_step()[0]["input_ids"].shape) for ld in ranks}

@@ -69,9 +69,13 @@ def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Ge
     for w, n in zip(order, ngrams):
         if count >= budget:
             break
-        span_words = words[w:w + n]
-        # A span must be contiguous in the sequence and may not overshoot the budget (BERT's rule).
-        span_words = [s for k, s in enumerate(span_words) if k == 0 or s[0] == span_words[k - 1][1]]
+        # A span is the longest contiguous run of up to n words from word w (it never crosses a
+        # special token) and may not overshoot the budget (BERT's rule).
+        span_words = [words[w]]
+        for nxt in words[w + 1:w + n]:
+            if nxt[0] != span_words[-1][1]:
+                break
+            span_words.append(nxt)
         start, end = span_words[0][0], span_words[-1][1]
         while end - start + count > budget and len(span_words) > 1:
             span_words = span_words[:-1]
