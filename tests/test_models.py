@@ -106,3 +106,26 @@ def test_sequence_longer_than_context_is_rejected():
     model = GPT(gpt_config("tiny", n_layer=1, d_model=32, vocab_size=50, context_length=8))
     with pytest.raises(ValueError, match="sequence length 9 exceeds the context length 8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+ENCODER_FAMILIES = ("bert", "roberta", "albert", "electra")
+
+
+@pytest.mark.parametrize("name", [n for fam in ENCODER_FAMILIES for n in published_flavors(fam)])
+def test_encoder_published_size_reproduces_published_parameter_count(name):
+    flavor = published_flavors(name.split("-")[0])[name]
+    with torch.device("meta"):
+        n = count_parameters(build_model(name.split("-")[0], flavor.cfg))
+    assert abs(n - flavor.params) / flavor.params <= flavor.tol, f"{name}: {n:,} vs {flavor.params:,.0f}"
+
+
+@pytest.mark.parametrize("name", ["bert-base", "bert-large", "roberta-base", "roberta-large", "albert-base",
+                                  "albert-xxlarge", "electra-small", "electra-large"])
+def test_encoder_counts_equal_transformers_exactly(name):
+    from glm_dist.hf.bert import hf_model_class, to_hf_config
+
+    cfg = published_flavors(name.split("-")[0])[name].cfg
+    with torch.device("meta"):
+        ours = count_parameters(build_model(name.split("-")[0], cfg))
+        theirs = hf_model_class(cfg)(to_hf_config(cfg)).num_parameters()
+    assert ours == theirs

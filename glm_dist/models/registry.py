@@ -5,11 +5,18 @@ from typing import Any, Callable
 
 from torch import nn
 
-from glm_dist.models import gpt
+from glm_dist.models import bert, gpt
+
+
+def _family(flavors: dict, prefix: str) -> dict:
+    return {name: f for name, f in flavors.items() if name.startswith(prefix)}
+
 
 # family -> (flavor table, config factory, model class)
 FAMILIES: dict[str, tuple[dict[str, Any], Callable[..., Any], type[nn.Module]]] = {
     "gpt": (gpt.FLAVORS, gpt.gpt_config, gpt.GPT),
+    **{name: (_family(bert.FLAVORS, name + "-"), bert.encoder_config, bert.Encoder)
+       for name in ("bert", "roberta", "albert", "electra")},
 }
 
 

@@ -1,0 +1,91 @@
+"""The encoder family <-> transformers: BertForPreTraining, RobertaForMaskedLM, AlbertForPreTraining,
+ElectraForPreTraining (discriminator) and ElectraForMaskedLM (generator).
+
+Names map through a small table per family; ``{i}`` is the block index (ALBERT's shared layer is
+transformers' single layer 0).
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from glm_dist.models.bert import EncoderConfig
+
+_BLOCK_BERT = {  # ours -> transformers, inside "<prefix>.encoder.layer.{i}."
+    "attn.query": "attention.self.query", "attn.key": "attention.self.key", "attn.value": "attention.self.value",
+    "attn.dense": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
+    "ffn.fc": "intermediate.dense", "ffn.proj": "output.dense", "ln_ffn": "output.LayerNorm"}
+_BLOCK_ALBERT = {
+    "attn.query": "attention.query", "attn.key": "attention.key", "attn.value": "attention.value",
+    "attn.dense": "attention.dense", "ln_attn": "attention.LayerNorm", "ffn.fc": "ffn", "ffn.proj": "ffn_output",
+    "ln_ffn": "full_layer_layer_norm"}
+_EMBED = {"embed.word": "embeddings.word_embeddings", "embed.position": "embeddings.position_embeddings",
+          "embed.token_type": "embeddings.token_type_embeddings", "embed.ln": "embeddings.LayerNorm"}
+
+FAMILY = {  # head kind -> (prefix, block table, block path, extra names)
+    "mlm_nsp": ("bert", _BLOCK_BERT, "bert.encoder.layer.{i}", {
+        "head.pooler": "bert.pooler.dense", "head.mlm.dense": "cls.predictions.transform.dense",
+        "head.mlm.ln": "cls.predictions.transform.LayerNorm", "head.mlm.decoder": "cls.predictions.decoder",
+        "head.sentence": "cls.seq_relationship"}),
+    "mlm": ("roberta", _BLOCK_BERT, "roberta.encoder.layer.{i}", {
+        "head.mlm.dense": "lm_head.dense", "head.mlm.ln": "lm_head.layer_norm", "head.mlm.decoder": "lm_head.decoder"}),
+    "mlm_sop": ("albert", _BLOCK_ALBERT, "albert.encoder.albert_layer_groups.0.albert_layers.0", {
+        "embed.project": "albert.encoder.embedding_hidden_mapping_in", "head.pooler": "albert.pooler",
+        "head.mlm.dense": "predictions.dense", "head.mlm.ln": "predictions.LayerNorm",
+        "head.mlm.decoder": "predictions.decoder", "head.sentence": "sop_classifier.classifier"}),
+    "rtd": ("electra", _BLOCK_BERT, "electra.encoder.layer.{i}", {
+        "embed.project": "electra.embeddings_project", "head.dense": "discriminator_predictions.dense",
+        "head.predict": "discriminator_predictions.dense_prediction"}),
+    "gen": ("electra", _BLOCK_BERT, "electra.encoder.layer.{i}", {
+        "embed.project": "electra.embeddings_project", "head.mlm.dense": "generator_predictions.dense",
+        "head.mlm.ln": "generator_predictions.LayerNorm", "head.mlm.decoder": "generator_lm_head"}),
+}
+
+
+def hf_name(ours: str, cfg: EncoderConfig) -> str:
+    prefix, block, block_path, extra = FAMILY[cfg.head]
+    module, kind = ours.rsplit(".", 1)
+    m = re.match(r"blocks\.(\d+)\.(.+)$", module)
+    if m:
+        return f"{block_path.format(i=m.group(1))}.{block[m.group(2)]}.{kind}"
+    if module in _EMBED:
+        return f"{prefix}.{_EMBED[module]}.{kind}"
+    if module in extra:
+        return f"{extra[module]}.{kind}"
+    raise KeyError(f"no transformers name for {ours!r}")
+
+
+def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], ours_keys: list[str], cfg: EncoderConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from transformers' (every key of ours must be found)."""
+    return {key: hf_sd[hf_name(key, cfg)] for key in ours_keys}
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: EncoderConfig) -> dict[str, torch.Tensor]:
+    return {hf_name(k, cfg): v for k, v in sd.items()}
+
+
+def to_hf_config(cfg: EncoderConfig):
+    """The matching transformers config (dropout off: parity and export are for inference)."""
+    import transformers as tf
+
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layer,
+                  num_attention_heads=cfg.n_head, intermediate_size=cfg.d_ff, hidden_act=cfg.activation,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=cfg.type_vocab_size,
+                  max_position_embeddings=cfg.context_length + cfg.position_offset, layer_norm_eps=cfg.layer_norm_eps,
+                  pad_token_id=cfg.pad_id)
+    if cfg.head == "mlm_nsp":
+        return tf.BertConfig(**common)
+    if cfg.head == "mlm":
+        return tf.RobertaConfig(**common)
+    if cfg.head == "mlm_sop":
+        return tf.AlbertConfig(**common, embedding_size=cfg.emb, num_hidden_groups=1, inner_group_num=1,
+                               classifier_dropout_prob=0.0)
+    return tf.ElectraConfig(**common, embedding_size=cfg.emb)
+
+
+def hf_model_class(cfg: EncoderConfig):
+    import transformers as tf
+
+    return {"mlm_nsp": tf.BertForPreTraining, "mlm": tf.RobertaForMaskedLM, "mlm_sop": tf.AlbertForPreTraining,
+            "rtd": tf.ElectraForPreTraining, "gen": tf.ElectraForMaskedLM}[cfg.head]
