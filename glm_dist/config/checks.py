@@ -14,8 +14,9 @@ MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "contex
 def model_config(cfg: Config) -> Any:
     """The family's model config: the flavor with the ``model.*`` overrides applied."""
     m = cfg.model
+    overrides = {k: getattr(m, k) for k in MODEL_OVERRIDES if getattr(m, k) is not None}
     try:
-        return resolve_model_config(m.family, m.flavor, **{k: getattr(m, k) for k in MODEL_OVERRIDES})
+        return resolve_model_config(m.family, m.flavor, **overrides)
     except KeyError as err:
         raise ConfigError(f"{err.args[0]} (model.family / model.flavor in {source_of(cfg, 'model.flavor')})") from None
 
@@ -58,9 +59,9 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if seq_len(cfg) > mc.context_length:
         raise ConfigError(f"data.seq_len={seq_len(cfg)} exceeds model.context_length={mc.context_length} "
                           f"({where('data.seq_len')})")
-    if mc.sparse_window is not None and mc.sparse_window < 1:
+    if getattr(mc, "sparse_window", None) is not None and mc.sparse_window < 1:
         raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
-    trainable = {"gpt": ("clm",)}
+    trainable = {"gpt": ("clm",), "bert": ("mlm_nsp", "mlm"), "roberta": ("mlm",), "albert": ("sop", "mlm")}
     if cfg.objective.name not in trainable.get(cfg.model.family, ()):
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
                           f"{cfg.model.family!r}, which trains with {', '.join(trainable.get(cfg.model.family, ()))}")

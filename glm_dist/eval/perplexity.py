@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.vocab_tables import token_byte_lengths
-from glm_dist.objectives import clm
+from glm_dist.objectives.steps import forward_loss
 from glm_dist.parallel.distributed import all_reduce
 
 
@@ -24,17 +24,28 @@ def byte_length_table(tok: Tokenizer, vocab_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(forward: Callable[[torch.Tensor], torch.Tensor], batches: list[tuple[dict, float]], *,
-             byte_lengths: torch.Tensor, device: torch.device | str = "cpu") -> dict[str, float]:
-    """``batches``: (batch, weight) pairs from ``validation_batches``; sums over all ranks."""
-    nll = tokens = nbytes = 0.0
+def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengths: torch.Tensor,
+             device: torch.device | str = "cpu", objective: str = "clm") -> dict[str, float]:
+    """``batches``: (batch, weight) pairs from ``validation_batches``; sums over all ranks.
+    CLM: loss, perplexity, bits per byte. MLM-style: loss and perplexity over the masked tokens,
+    accuracy, and the sentence task's loss and accuracy where there is one."""
+    keys = ("nll", "targets", "bytes", "correct", "sentence_nll", "sentences", "sentence_correct")
+    totals = dict.fromkeys(keys, 0.0)
     for batch, weight in batches:
-        logits = forward(batch["input_ids"].to(device))
-        losses = clm.token_losses(logits, {"labels": batch["labels"].to(device)})
-        nll += weight * losses.sum().item()
-        tokens += weight * losses.numel()
-        nbytes += weight * byte_lengths[batch["labels"]].sum().item()
-    nll, tokens, nbytes = all_reduce([nll, tokens, nbytes])
-    loss = nll / max(tokens, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "bits_per_byte": nll / math.log(2) / max(nbytes, 1),
-            "tokens": int(tokens)}
+        _, sums = forward_loss(objective, forward, batch, device)
+        labels = sums.pop("labels", None)
+        if labels is not None:
+            sums["bytes"] = byte_lengths[labels.cpu()].sum().item()
+        for key, value in sums.items():
+            totals[key] += weight * value
+    totals = dict(zip(keys, all_reduce([totals[k] for k in keys])))
+    loss = totals["nll"] / max(totals["targets"], 1)
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(totals["targets"])}
+    if objective == "clm":
+        out["bits_per_byte"] = totals["nll"] / math.log(2) / max(totals["bytes"], 1)
+    else:
+        out["accuracy"] = totals["correct"] / max(totals["targets"], 1)
+    if totals["sentences"]:
+        out["sentence_loss"] = totals["sentence_nll"] / totals["sentences"]
+        out["sentence_accuracy"] = totals["sentence_correct"] / totals["sentences"]
+    return out

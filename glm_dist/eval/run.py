@@ -22,7 +22,7 @@ def load_checkpoint_model(checkpoint: str | Path) -> tuple[torch.nn.Module, dict
     model = build_model(meta["model_family"], model_config_from_dict(meta["model_family"], meta["model_config"]))
     model.load_state_dict(sd, strict=False)
     missing = set(model.state_dict()) - set(sd)
-    if missing - {"head.lm_head.weight"}:  # the tied head may be stored once
+    if missing - {"head.lm_head.weight", "head.mlm.decoder.weight"}:  # a tied head may be stored once
         raise CheckpointError(f"checkpoint {checkpoint} lacks weights {sorted(missing)}")
     return model.eval(), meta
 
@@ -36,8 +36,9 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str | Path) -> dict:
     tok = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json"))
     byte_lengths = byte_length_table(tok, model.cfg.vocab_size)
     batches = validation_batches(cfg.data.shards_dir, seq_len=min(seq_len(cfg), model.cfg.context_length),
-                                 micro_batch_size=cfg.train.micro_batch_size, num_batches=cfg.train.eval_batches)
-    metrics = evaluate(model, batches, byte_lengths=byte_lengths)
+                                 micro_batch_size=cfg.train.micro_batch_size, num_batches=cfg.train.eval_batches,
+                                 objective=cfg.objective.name)
+    metrics = evaluate(model, batches, byte_lengths=byte_lengths, objective=cfg.objective.name)
     return {"checkpoint": str(checkpoint), "step": meta["step"], "split": "validation", **metrics}
 
 

@@ -89,3 +89,27 @@ def hf_model_class(cfg: EncoderConfig):
 
     return {"mlm_nsp": tf.BertForPreTraining, "mlm": tf.RobertaForMaskedLM, "mlm_sop": tf.AlbertForPreTraining,
             "rtd": tf.ElectraForPreTraining, "gen": tf.ElectraForMaskedLM}[cfg.head]
+
+
+def export_hf(cfg: EncoderConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
+              profile: str | None = None) -> None:
+    """Write a folder the family's transformers class and ``AutoTokenizer`` load."""
+    from transformers import PreTrainedTokenizerFast
+
+    from data_pipeline.tokenize.profiles import PROFILES
+
+    model = hf_model_class(cfg)(to_hf_config(cfg))
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd, cfg), strict=False)
+    missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids", "bias"))]
+    if missing or unexpected:
+        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(out_dir)
+    if tokenizer_file:
+        roles = PROFILES[profile].roles if profile else {}
+        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token",
+                 "mask": "mask_token", "cls": "cls_token", "sep": "sep_token"}
+        inputs = ["input_ids", "token_type_ids", "attention_mask"] if cfg.type_vocab_size > 1 else \
+            ["input_ids", "attention_mask"]
+        tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, model_max_length=cfg.context_length,
+                                      model_input_names=inputs, **{names[r]: t for r, t in roles.items() if r in names})
+        tok.save_pretrained(out_dir)

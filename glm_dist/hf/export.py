@@ -4,9 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from glm_dist.eval.run import load_checkpoint_model
-from glm_dist.hf import gpt2
+from glm_dist.hf import bert, gpt2
 
-ADAPTERS = {"gpt": gpt2.export_hf}
+ADAPTERS = {"gpt": gpt2.export_hf, "bert": bert.export_hf, "roberta": bert.export_hf, "albert": bert.export_hf,
+            "electra": bert.export_hf}
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -15,6 +16,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     if family not in ADAPTERS:
         raise ValueError(f"no transformers export for model family {family!r} yet")
     tokenizer = Path(checkpoint) / "tokenizer.json"
+    extra = {} if family == "gpt" else {"profile": meta["config"]["data"]["tokenizer_profile"]}
     ADAPTERS[family](model.cfg, model.state_dict(), str(out_dir),
-                     tokenizer_file=str(tokenizer) if tokenizer.exists() else None)
+                     tokenizer_file=str(tokenizer) if tokenizer.exists() else None, **extra)
     return Path(out_dir)

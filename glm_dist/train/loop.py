@@ -24,7 +24,7 @@ from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model
-from glm_dist.objectives import clm
+from glm_dist.objectives.steps import forward_loss
 from glm_dist.objectives.registry import options_from_config
 from glm_dist.observability.flops import measure_matmul_peak, peak_flops
 from glm_dist.observability.plots import plot_loss_curve
@@ -74,7 +74,7 @@ class Trainer:
         self.state = TrainState()
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len,
+        self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len, objective=cfg.objective.name,
                                               micro_batch_size=cfg.train.micro_batch_size,
                                               num_batches=cfg.train.eval_batches, dp_rank=self.dist.rank,
                                               dp_size=self.dist.world_size)
@@ -112,7 +112,8 @@ class Trainer:
             self.save()
         summary = {"val_loss_before": before["loss"], "val_perplexity_before": before["perplexity"],
                    "val_loss": after["loss"], "val_perplexity": after["perplexity"],
-                   "val_bits_per_byte": after["bits_per_byte"], **asdict(self.state)}
+                   **{f"val_{k}": v for k, v in after.items() if k not in ("loss", "perplexity", "tokens")},
+                   **asdict(self.state)}
         self.log.message(f"validation perplexity: {before['perplexity']:.2f} before -> "
                          f"{after['perplexity']:.2f} after {self.state.step} steps"
                          + ("" if self.state.step >= t.max_steps else
@@ -132,8 +133,7 @@ class Trainer:
         losses, bad = [], False
         for batch in self.loader.next_step():
             with self.autocast:
-                logits = self.engine(batch["input_ids"].to(self.engine.device))
-            loss = clm.loss(logits, {"labels": batch["labels"].to(self.engine.device)})
+                loss, _ = forward_loss(self.cfg.objective.name, self.engine, batch, self.engine.device)
             # Every rank must agree that the step is bad, or their weights diverge.
             bad = bad or all_reduce([float(not torch.isfinite(loss))], "max")[0] > 0
             self.engine.backward(loss)
@@ -183,7 +183,7 @@ class Trainer:
         self.engine.eval()
         with self.autocast:
             metrics = evaluate(self.engine, self.val_batches, byte_lengths=self.byte_lengths,
-                               device=self.engine.device)
+                               device=self.engine.device, objective=self.cfg.objective.name)
         self.engine.train()
         self.log.validation(self.state.step, metrics)
         return metrics
