@@ -77,3 +77,24 @@ def test_albert_sharing_modes_share_what_they_say():
     assert all(b.ffn is ffn.blocks[0].ffn for b in ffn.blocks) and ffn.blocks[1].attn is not ffn.blocks[0].attn
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert n(all_shared) < n(attention) < n(Encoder(encoder_config("albert-tiny", share="none")))
+
+
+def test_electra_pair_shares_embeddings_and_weights_the_discriminator_50x():
+    from glm_dist.models.bert import ElectraPair
+    from glm_dist.objectives import electra
+
+    torch.manual_seed(0)
+    pair = ElectraPair(encoder_config("electra-tiny", vocab_size=300))
+    assert pair.generator.embed.word is pair.discriminator.embed.word
+    assert pair.generator.head.mlm.decoder.weight is pair.discriminator.embed.word.weight
+    assert pair.generator.cfg.d_model == pair.discriminator.cfg.d_model // 2
+    ids = torch.randint(5, 300, (2, 20))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:6] = ids[:, 3:6]
+    ids[:, 3:6] = 4
+    out = pair(ids, labels)
+    assert out["disc_targets"][labels == -100].sum() == 0  # only generator samples can differ
+    gen_only = torch.nn.functional.cross_entropy(out["gen_logits"].view(-1, 300), labels.view(-1), ignore_index=-100)
+    disc = torch.nn.functional.binary_cross_entropy_with_logits(out["disc_logits"], out["disc_targets"])
+    total = electra.loss(out["gen_logits"], labels, out["disc_logits"], out["disc_targets"])
+    torch.testing.assert_close(total, gen_only + 50 * disc)

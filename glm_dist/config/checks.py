@@ -61,7 +61,8 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
                           f"({where('data.seq_len')})")
     if getattr(mc, "sparse_window", None) is not None and mc.sparse_window < 1:
         raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
-    trainable = {"gpt": ("clm",), "bert": ("mlm_nsp", "mlm"), "roberta": ("mlm",), "albert": ("sop", "mlm")}
+    trainable = {"gpt": ("clm",), "bert": ("mlm_nsp", "mlm"), "roberta": ("mlm",), "albert": ("sop", "mlm"),
+                 "electra": ("electra",)}
     if cfg.objective.name not in trainable.get(cfg.model.family, ()):
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
                           f"{cfg.model.family!r}, which trains with {', '.join(trainable.get(cfg.model.family, ()))}")

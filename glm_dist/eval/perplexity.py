@@ -28,8 +28,10 @@ def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengt
              device: torch.device | str = "cpu", objective: str = "clm") -> dict[str, float]:
     """``batches``: (batch, weight) pairs from ``validation_batches``; sums over all ranks.
     CLM: loss, perplexity, bits per byte. MLM-style: loss and perplexity over the masked tokens,
-    accuracy, and the sentence task's loss and accuracy where there is one."""
-    keys = ("nll", "targets", "bytes", "correct", "sentence_nll", "sentences", "sentence_correct")
+    accuracy, the sentence task's loss and accuracy where there is one, and ELECTRA's replaced-token
+    detection accuracy."""
+    keys = ("nll", "targets", "bytes", "correct", "sentence_nll", "sentences", "sentence_correct", "disc_tokens",
+            "disc_correct")
     totals = dict.fromkeys(keys, 0.0)
     for batch, weight in batches:
         _, sums = forward_loss(objective, forward, batch, device)
@@ -45,6 +47,8 @@ def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengt
         out["bits_per_byte"] = totals["nll"] / math.log(2) / max(totals["bytes"], 1)
     else:
         out["accuracy"] = totals["correct"] / max(totals["targets"], 1)
+    if totals["disc_tokens"]:  # ELECTRA's discriminator: replaced-token detection accuracy
+        out["replaced_accuracy"] = totals["disc_correct"] / totals["disc_tokens"]
     if totals["sentences"]:
         out["sentence_loss"] = totals["sentence_nll"] / totals["sentences"]
         out["sentence_accuracy"] = totals["sentence_correct"] / totals["sentences"]

@@ -17,6 +17,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
         raise ValueError(f"no transformers export for model family {family!r} yet")
     tokenizer = Path(checkpoint) / "tokenizer.json"
     extra = {} if family == "gpt" else {"profile": meta["config"]["data"]["tokenizer_profile"]}
+    if family == "electra":  # the discriminator is what ELECTRA fine-tunes from
+        model = model.discriminator
     ADAPTERS[family](model.cfg, model.state_dict(), str(out_dir),
                      tokenizer_file=str(tokenizer) if tokenizer.exists() else None, **extra)
     return Path(out_dir)

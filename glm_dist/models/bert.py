@@ -40,6 +40,7 @@ class EncoderConfig:
     layer_norm_eps: float = 1e-12
     dropout: float = 0.0
     head: str = "mlm_nsp"  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (ALBERT) | rtd (ELECTRA disc.) | gen (ELECTRA gen.)
+    generator_fraction: float = 0.0  # ELECTRA: generator width / discriminator width (1/4 small, 1/3 base, large)
 
     @property
     def emb(self) -> int:
@@ -213,7 +214,7 @@ def _bert(n_layer, d, heads, **kw) -> EncoderConfig:
 
 ROBERTA = dict(vocab_size=50265, type_vocab_size=1, position_offset=2, pad_id=1, layer_norm_eps=1e-5, head="mlm")
 ALBERT = dict(vocab_size=30000, embedding_size=128, share="all", activation="gelu_new", head="mlm_sop")
-ELECTRA = dict(head="rtd")
+ELECTRA = dict(head="rtd", generator_fraction=1 / 3)
 # Published counts (REFERENCE.md). BERT's and ELECTRA's figures are rounded (BERT-base is 109.5M
 # plus its heads); the rows say which count they are.
 FLAVORS: dict[str, Flavor] = {
@@ -230,9 +231,11 @@ FLAVORS: dict[str, Flavor] = {
     # The paper prints 235M; the released xxlarge (transformers' AlbertForPreTraining) has 223M,
     # which this count equals exactly.
     "albert-xxlarge": Flavor(_bert(12, 4096, 64, **ALBERT), 235e6, 0.06, "paper 235M; released 223M"),
-    "electra-tiny": Flavor(_bert(2, 128, 2, **ELECTRA, vocab_size=8192, context_length=256)),
+    "electra-tiny": Flavor(_bert(2, 128, 2, **{**ELECTRA, "generator_fraction": 0.5}, vocab_size=8192,
+                                 context_length=256)),
     # 13.5M discriminator; the paper's 14M also counts the generator (embeddings shared).
-    "electra-small": Flavor(_bert(12, 256, 4, **ELECTRA, embedding_size=128, context_length=512), 14e6, 0.04,
+    "electra-small": Flavor(_bert(12, 256, 4, **{**ELECTRA, "generator_fraction": 0.25}, embedding_size=128,
+                                  context_length=512), 14e6, 0.04,
                             "discriminator only; +0.6M generator"),
     "electra-base": Flavor(_bert(12, 768, 12, **ELECTRA), 110e6, 0.02),
     "electra-large": Flavor(_bert(24, 1024, 16, **ELECTRA), 335e6, 0.02),
@@ -245,9 +248,46 @@ def encoder_config(flavor: str, **overrides) -> EncoderConfig:
     return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def generator_config(disc: EncoderConfig, *, fraction: float) -> EncoderConfig:
+def generator_config(disc: EncoderConfig, *, fraction: float | None = None) -> EncoderConfig:
     """ELECTRA's generator: the discriminator's depth and embedding, ``fraction`` of its width
     (1/4 small, 1/3 base/large), heads scaled to keep 64-dim heads."""
-    d = int(disc.d_model * fraction)
-    return replace(disc, d_model=d, d_ff=4 * d, n_head=max(1, d // 64), embedding_size=disc.emb, head="gen")
+    d = int(disc.d_model * (fraction or disc.generator_fraction))
+    return replace(disc, d_model=d, d_ff=4 * d, n_head=max(1, d // 64), embedding_size=disc.emb, head="gen",
+                   generator_fraction=0.0)
+
+
+class ElectraPair(nn.Module):
+    """ELECTRA's generator and discriminator, trained jointly, sharing token, position and segment
+    embeddings. ``forward`` runs the generator on the masked input, samples its predictions at the
+    masked positions (``labels != -100``), and runs the discriminator on the result."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.discriminator = Encoder(cfg)
+        self.generator = Encoder(generator_config(cfg))
+        for name in ("word", "position", "token_type", "ln"):
+            setattr(self.generator.embed, name, getattr(self.discriminator.embed, name))
+        self.generator.head.mlm.decoder.weight = self.discriminator.embed.word.weight
+        self.activation_checkpointing = False
+
+    def layers(self) -> list[nn.Module]:
+        return [self.generator, self.discriminator]
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        for m in (self.generator, self.discriminator):
+            m.activation_checkpointing = self.activation_checkpointing
+        gen = self.generator(input_ids, token_type_ids, attention_mask)["logits"]  # (B, T, V)
+        chosen = labels != -100
+        with torch.no_grad():  # sampling is not differentiated (the paper's "no adversarial" choice)
+            sampled = torch.multinomial(torch.softmax(gen[chosen].float(), -1), 1).squeeze(-1)
+        original = torch.where(chosen, labels, input_ids)
+        replaced = original.clone()
+        replaced[chosen] = sampled
+        disc = self.discriminator(replaced, token_type_ids, attention_mask)["logits"]  # (B, T)
+        return {"gen_logits": gen, "disc_logits": disc, "disc_targets": (replaced != original).float()}
+
+    def num_flops_per_token(self, seq_len: int) -> float:
+        return self.generator.num_flops_per_token(seq_len) + self.discriminator.num_flops_per_token(seq_len)
 

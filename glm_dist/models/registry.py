@@ -16,7 +16,8 @@ def _family(flavors: dict, prefix: str) -> dict:
 FAMILIES: dict[str, tuple[dict[str, Any], Callable[..., Any], type[nn.Module]]] = {
     "gpt": (gpt.FLAVORS, gpt.gpt_config, gpt.GPT),
     **{name: (_family(bert.FLAVORS, name + "-"), bert.encoder_config, bert.Encoder)
-       for name in ("bert", "roberta", "albert", "electra")},
+       for name in ("bert", "roberta", "albert")},
+    "electra": (_family(bert.FLAVORS, "electra-"), bert.encoder_config, bert.ElectraPair),
 }
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from glm_dist.objectives import clm, mlm
+from glm_dist.objectives import clm, electra, mlm
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
@@ -39,4 +39,15 @@ def forward_loss(objective: str, model: Callable, batch: dict[str, torch.Tensor]
                         sentences=len(batch["sentence_label"]),
                         sentence_correct=int((out["sentence_logits"].argmax(-1) == batch["sentence_label"]).sum()))
         return loss, sums
+    if objective == "electra":
+        out = model(batch["input_ids"], batch["labels"], **{k: batch[k] for k in MODEL_INPUTS[1:] if k in batch})
+        labels, chosen = batch["labels"], batch["labels"] != mlm.IGNORE_INDEX
+        loss = electra.loss(out["gen_logits"], labels, out["disc_logits"], out["disc_targets"],
+                            batch.get("attention_mask"))
+        real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(chosen)
+        disc_right = ((out["disc_logits"] > 0).float() == out["disc_targets"])[real]
+        nll = F.cross_entropy(out["gen_logits"].float()[chosen], labels[chosen], reduction="sum")
+        return loss, {"nll": nll.item(), "targets": int(chosen.sum()),
+                      "correct": int((out["gen_logits"].argmax(-1)[chosen] == labels[chosen]).sum()),
+                      "disc_tokens": int(real.sum()), "disc_correct": int(disc_right.sum())}
     raise ValueError(f"the trainer has no step for objective {objective!r} yet")

@@ -83,7 +83,7 @@ class RunLogger:
             return
         self._append({"kind": "val", "step": step, **{f"val_{k}": v for k, v in metrics.items()}})
         extra = "".join(f", {k.replace('_', ' ')} {metrics[k]:.4f}" for k in
-                        ("bits_per_byte", "accuracy", "sentence_accuracy") if k in metrics)
+                        ("bits_per_byte", "accuracy", "sentence_accuracy", "replaced_accuracy") if k in metrics)
         self.message(f"step {step}: validation loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}{extra}")
         if self.wandb_run is not None:
             self.wandb_run.log({f"val/{k}": v for k, v in metrics.items()}, step=step)
