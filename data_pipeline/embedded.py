@@ -78,3 +78,28 @@ def embedded_documents() -> Iterator[dict]:
         page = json.loads(line)
         for k, piece in enumerate(split_paragraphs(page["text"], MAX_DOC_CHARS)):
             yield {"id": f"pydoc:{page['module']}#{k}", "text": piece}
+
+
+TASK_MODULES = ("math", "shutil", "tarfile", "calendar", "urllib.parse")
+
+
+def docstring_task(modules: tuple[str, ...] = TASK_MODULES) -> list[dict]:
+    """A small real classification task from text that ships with Python: which standard-library
+    module does a docstring (first paragraph) come from? Functions, classes and their methods."""
+    import importlib
+    import inspect
+
+    rows = []
+    for name in modules:
+        module = importlib.import_module(name)
+        seen = set()
+        members = [obj for _, obj in inspect.getmembers(module) if getattr(obj, "__module__", None) == name]
+        members += [m for c in members if inspect.isclass(c) for _, m in inspect.getmembers(c)
+                    if inspect.isroutine(m) and getattr(m, "__module__", None) == name]
+        for obj in members:
+            doc = inspect.getdoc(obj)
+            text = doc.split("\n\n")[0].replace("\n", " ").strip() if doc else ""
+            if len(text) >= 20 and text not in seen:
+                seen.add(text)
+                rows.append({"text": text, "label": name})
+    return rows

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import typing
+from pathlib import Path
 
 from glm_dist.config.loader import ConfigError, load_config, to_dict
 
@@ -46,6 +47,23 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--task", type=int, help="run only this encoding task (one input file; SLURM array index)")
     tok.add_argument("--prepare-only", action="store_true",
                      help="only write the tokenizer and print the number of encoding tasks")
+    task = dsub.add_parser("docstring-task", help="write the built-in classification task (docstring -> module) as JSONL")
+    task.add_argument("--out", required=True)
+
+    p = sub.add_parser("finetune", help="sequence classification from an encoder checkpoint (JSONL/CSV)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--train", required=True, help="JSONL or CSV rows with text (and text pair) and label")
+    p.add_argument("--valid", help="held-out rows (default: 20%% of --train by row hash)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--pair-field", help="second text of a pair task (e.g. text_b)")
+    p.add_argument("--label-field", default="label")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write finetune.json and the classifier weights here")
+
     sub.add_parser("launch", help="torchrun with defaults (see glm launch --help)")
     sub.add_parser("slurm", help="glm slurm submit -c CONFIG --nodes N ... (see glm slurm submit --help)")
     return parser
@@ -68,7 +86,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "config" and args.config_command == "keys":
         _print_keys()
         return 0
-    cfg = load_config(args.config, args.overrides) if hasattr(args, "overrides") else None
+    cfg = load_config(args.config, args.overrides) if getattr(args, "config", None) or hasattr(args, "overrides") \
+        else None
     if args.command == "train":
         from glm_dist.train.loop import train
 
@@ -95,6 +114,17 @@ def _run(args: argparse.Namespace) -> int:
             import yaml
 
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    elif args.command == "finetune":
+        from glm_dist.train.finetune import FinetuneArgs, finetune
+
+        result = finetune(FinetuneArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
+        print(json.dumps(result, indent=2))
+    elif args.command == "data" and args.data_command == "docstring-task":
+        from data_pipeline.embedded import docstring_task
+
+        rows = docstring_task()
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"{len(rows)} rows -> {args.out}")
     elif args.command == "data":
         from data_pipeline.tokenize.prepare import prepare_shards, prepare_tokenizer
 

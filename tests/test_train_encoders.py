@@ -68,3 +68,33 @@ def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, enc
         theirs = model(**enc).prediction_logits
         mine = ours(enc.input_ids, token_type_ids=enc.token_type_ids, attention_mask=enc.attention_mask)["logits"]
     assert (theirs - mine).abs().max().item() < 1e-4
+
+
+def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority_baseline(corpus, encoder_shards, tmp_path):
+    run_glm(["train", "-c", experiment("bert"), *QUICK, "train.max_steps=60", f"data.source={corpus}",
+             f"data.shards_dir={encoder_shards['bert']}", f"train.out_dir={tmp_path / 'pre'}"])
+    run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
+    out = run_glm(["finetune", "--checkpoint", str(tmp_path / "pre/checkpoints/step_00000060"), "--train",
+                   str(tmp_path / "task.jsonl"), "--epochs", "8", "--lr", "1e-3", "--out", str(tmp_path / "ft")])
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert result["labels"] == ["calendar", "math", "shutil", "tarfile", "urllib.parse"]
+    assert result["valid_examples"] >= 40
+    assert result["valid_accuracy"] >= result["majority_baseline"] + 0.15, result
+    assert (tmp_path / "ft/finetune.json").exists() and (tmp_path / "ft/classifier.pt").exists()
+
+
+def test_span_head_scores_start_and_end_with_two_vectors_and_ignores_padding():
+    from glm_dist.models.bert import Encoder, encoder_config
+    from glm_dist.models.heads import SequenceClassifier, SpanExtractor
+
+    enc = Encoder(encoder_config("bert-tiny", vocab_size=100))
+    span = SpanExtractor(enc)
+    ids = torch.randint(5, 100, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    start, end = span(ids, attention_mask=mask)
+    assert start.shape == end.shape == (2, 12) and torch.isinf(start[1, 8:]).all()
+    h = enc(ids, attention_mask=mask)["hidden_states"]
+    torch.testing.assert_close(start[0], h[0] @ span.start_end.weight[0] + span.start_end.bias[0])
+    clf = SequenceClassifier(enc, 3).eval()
+    torch.testing.assert_close(clf(ids, attention_mask=mask), clf.classifier(h[:, 0]))
