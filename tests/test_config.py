@@ -86,3 +86,22 @@ def test_deepspeed_json_is_derived_from_the_tree():
     assert ds["train_batch_size"] == 24 and ds["gradient_accumulation_steps"] == 3
     assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] and ds["gradient_clipping"] == 0.5
     assert not deepspeed_config(load_config(TINY, ["train.precision=bf16-autocast"]))["bf16"]["enabled"]
+
+
+def test_lamb_is_refused_where_deepspeed_would_flatten_its_layers():
+    with pytest.raises(ConfigError, match="train.optimizer=lamb needs parallel.zero_stage=0"):
+        validate(load_config(TINY, ["train.optimizer=lamb", "parallel.zero_stage=1"]))
+    validate(load_config(TINY, ["train.optimizer=lamb", "parallel.zero_stage=0", "train.precision=bf16-autocast"]))
+
+
+def test_every_published_recipe_validates_at_its_cluster_layout():
+    from pathlib import Path
+
+    recipes = sorted((Path(TINY).parents[0] / "published").glob("*.yaml"))
+    assert len(recipes) >= 6
+    for path in recipes:
+        cfg = load_config(path)
+        world = cfg.train.global_batch_size // cfg.train.micro_batch_size
+        validate(cfg, world_size=world)
+        with pytest.raises(ConfigError, match="global_batch_size"):
+            validate(cfg, world_size=world + 1)

@@ -133,3 +133,18 @@ def test_encoder_counts_equal_transformers_exactly(name):
         ours = count_parameters(Encoder(cfg))
         theirs = hf_model_class(cfg)(to_hf_config(cfg)).num_parameters()
     assert ours == theirs
+
+
+def test_lamb_step_is_adam_direction_scaled_by_the_trust_ratio():
+    from glm_dist.train.optim import Lamb
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    w0, g = w.detach().clone(), torch.randn(8, 4)
+    w.grad = g.clone()
+    Lamb([w], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01).step()
+    m, v = 0.1 * g / 0.1, 0.001 * g * g / 0.001  # bias-corrected first step
+    update = m / (v.sqrt() + 1e-6) + 0.01 * w0
+    expected = w0 - 0.1 * (w0.norm() / update.norm()) * update
+    torch.testing.assert_close(w.detach(), expected)
+    assert (w.detach() - w0).norm().item() == pytest.approx(0.1 * w0.norm().item(), rel=1e-5)  # ||Δw|| = lr ||w||

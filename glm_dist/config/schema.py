@@ -79,6 +79,7 @@ class TrainConfig:
     min_lr_ratio: float = _f(0.1, "final LR as a fraction of the peak")
     warmup_steps: int = _f(30, "linear warmup steps")
     schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
+    optimizer: Literal["adamw", "lamb"] = _f("adamw", "adamw (fused) | lamb (ALBERT's recipe)")
     weight_decay: float = _f(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")
