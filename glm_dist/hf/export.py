@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from glm_dist.eval.run import load_checkpoint_model
-from glm_dist.hf import bert, gpt2
+from glm_dist.hf import bart, bert, gpt2, t5
 
 ADAPTERS = {"gpt": gpt2.export_hf, "bert": bert.export_hf, "roberta": bert.export_hf, "albert": bert.export_hf,
-            "electra": bert.export_hf}
+            "electra": bert.export_hf, "t5": t5.export_hf, "bart": bart.export_hf}
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:

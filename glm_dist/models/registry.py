@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from glm_dist.models import bert, gpt
+from glm_dist.models import bart, bert, gpt, t5
 
 
 def _family(flavors: dict, prefix: str) -> dict:
@@ -18,6 +18,8 @@ FAMILIES: dict[str, tuple[dict[str, Any], Callable[..., Any], type[nn.Module]]] 
     **{name: (_family(bert.FLAVORS, name + "-"), bert.encoder_config, bert.Encoder)
        for name in ("bert", "roberta", "albert")},
     "electra": (_family(bert.FLAVORS, "electra-"), bert.encoder_config, bert.ElectraPair),
+    "t5": (t5.FLAVORS, t5.t5_config, t5.T5),
+    "bart": (bart.FLAVORS, bart.bart_config, bart.Bart),
 }
 
 

@@ -1,0 +1,61 @@
+"""BART <-> transformers' BartForConditionalGeneration."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from glm_dist.models.bart import BartConfig
+
+_BLOCK = {"self_attn": "self_attn", "ln_self": "self_attn_layer_norm", "cross_attn": "encoder_attn",
+          "ln_cross": "encoder_attn_layer_norm", "fc1": "fc1", "fc2": "fc2", "ln_ffn": "final_layer_norm"}
+
+
+def hf_name(ours: str) -> str:
+    if ours in ("shared.weight", "lm_head.weight", "final_logits_bias"):
+        return ours if ours != "shared.weight" else "model.shared.weight"
+    m = re.match(r"(encoder|decoder)\.(position|ln_embed)\.(weight|bias)$", ours)
+    if m:
+        name = "embed_positions" if m.group(2) == "position" else "layernorm_embedding"
+        return f"model.{m.group(1)}.{name}.{m.group(3)}"
+    m = re.match(r"(encoder|decoder)\.blocks\.(\d+)\.([a-z_0-9]+)\.(.+)$", ours)
+    if not m:
+        raise KeyError(f"no transformers name for {ours!r}")
+    stack, i, part, rest = m.groups()
+    return f"model.{stack}.layers.{i}.{_BLOCK[part]}.{rest}"
+
+
+def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], ours_keys: list[str]) -> dict[str, torch.Tensor]:
+    return {k: hf_sd[hf_name(k)] for k in ours_keys}
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {hf_name(k): v for k, v in sd.items()}
+    out["model.encoder.embed_tokens.weight"] = out["model.decoder.embed_tokens.weight"] = sd["shared.weight"]
+    return out
+
+
+def to_hf_config(cfg: BartConfig, *, bos_id: int = 0, eos_id: int = 2):
+    from transformers import BartConfig as HFConfig
+
+    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_layer, decoder_layers=cfg.n_layer,
+                    encoder_attention_heads=cfg.n_head, decoder_attention_heads=cfg.n_head, encoder_ffn_dim=cfg.d_ff,
+                    decoder_ffn_dim=cfg.d_ff, max_position_embeddings=cfg.context_length, dropout=0.0,
+                    attention_dropout=0.0, activation_dropout=0.0, activation_function="gelu", pad_token_id=cfg.pad_id,
+                    bos_token_id=bos_id, eos_token_id=eos_id, decoder_start_token_id=eos_id, forced_eos_token_id=eos_id,
+                    scale_embedding=False, tie_word_embeddings=True)
+
+
+def export_hf(cfg: BartConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
+              profile: str | None = None) -> None:
+    from transformers import BartForConditionalGeneration, PreTrainedTokenizerFast
+
+    model = BartForConditionalGeneration(to_hf_config(cfg))
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(out_dir)
+    if tokenizer_file:
+        PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                unk_token="<unk>", mask_token="<mask>",
+                                model_max_length=cfg.context_length).save_pretrained(out_dir)

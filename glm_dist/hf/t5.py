@@ -1,0 +1,68 @@
+"""T5 <-> transformers' T5ForConditionalGeneration (1.0 and v1.1)."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from glm_dist.models.t5 import T5Config
+
+
+def hf_name(ours: str) -> str:
+    if ours in ("shared.weight", "lm_head.weight"):
+        return ours
+    m = re.match(r"(encoder|decoder)\.ln_final\.weight$", ours)
+    if m:
+        return f"{m.group(1)}.final_layer_norm.weight"
+    m = re.match(r"(encoder|decoder)\.blocks\.(\d+)\.(.+)$", ours)
+    if not m:
+        raise KeyError(f"no transformers name for {ours!r}")
+    stack, i, rest = m.groups()
+    ffn_layer = 2 if stack == "decoder" else 1
+    table = {"ln_self.weight": "layer.0.layer_norm.weight", "ln_cross.weight": "layer.1.layer_norm.weight",
+             "ln_ffn.weight": f"layer.{ffn_layer}.layer_norm.weight",
+             "self_attn.relative_bias.weight": "layer.0.SelfAttention.relative_attention_bias.weight"}
+    if rest in table:
+        return f"{stack}.block.{i}.{table[rest]}"
+    part, proj = rest.split(".", 1)
+    prefix = {"self_attn": "layer.0.SelfAttention", "cross_attn": "layer.1.EncDecAttention",
+              "ffn": f"layer.{ffn_layer}.DenseReluDense"}[part]
+    return f"{stack}.block.{i}.{prefix}.{proj}"
+
+
+def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], ours_keys: list[str]) -> dict[str, torch.Tensor]:
+    return {k: hf_sd[hf_name(k)] for k in ours_keys}
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {hf_name(k): v for k, v in sd.items()}
+    out["encoder.embed_tokens.weight"] = out["decoder.embed_tokens.weight"] = sd["shared.weight"]
+    return out
+
+
+def to_hf_config(cfg: T5Config, *, eos_id: int = 1):
+    from transformers import T5Config as HFConfig
+
+    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff, num_layers=cfg.n_layer,
+                    num_decoder_layers=cfg.n_layer, num_heads=cfg.n_head, relative_attention_num_buckets=cfg.num_buckets,
+                    relative_attention_max_distance=cfg.max_distance, dropout_rate=0.0,
+                    layer_norm_epsilon=cfg.layer_norm_eps, feed_forward_proj="gated-gelu" if cfg.gated else "relu",
+                    tie_word_embeddings=cfg.tied, pad_token_id=cfg.pad_id, eos_token_id=eos_id,
+                    decoder_start_token_id=cfg.pad_id)
+
+
+def export_hf(cfg: T5Config, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
+              profile: str | None = None) -> None:
+    from transformers import PreTrainedTokenizerFast, T5ForConditionalGeneration
+
+    if not cfg.tied:
+        raise ValueError("transformers 5 always ties T5's output layer to its embedding, so an untied T5 v1.1 "
+                         "cannot be exported faithfully; export T5 1.0 (tied) models")
+    model = T5ForConditionalGeneration(to_hf_config(cfg))
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(out_dir)
+    if tokenizer_file:
+        PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                model_max_length=cfg.context_length).save_pretrained(out_dir)

@@ -1,0 +1,95 @@
+"""Encoder-decoder family: T5 (1.0, v1.1) and BART against transformers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm_dist.models.registry import build_model, published_flavors
+
+TOL = 1e-4
+
+
+def _inputs(pad: int, start: int, vocab: int):
+    torch.manual_seed(3)
+    x = torch.randint(3, vocab, (3, 30))
+    x[1, -6:] = pad
+    dec = torch.randint(3, vocab, (3, 11))
+    dec[:, 0] = start
+    return x, (x != pad).long(), dec
+
+
+@pytest.mark.parametrize("flavor", ["t5-tiny", "t5-v1_1-tiny"])
+def test_t5_logits_match_transformers(flavor):
+    from transformers import T5ForConditionalGeneration
+
+    from glm_dist.hf.t5 import from_hf_state_dict, to_hf_config, to_hf_state_dict
+    from glm_dist.models.t5 import T5, t5_config
+
+    cfg = t5_config(flavor, vocab_size=700)
+    torch.manual_seed(0)
+    hf = T5ForConditionalGeneration(to_hf_config(cfg)).eval()
+    ours = T5(cfg).eval()
+    ours.load_state_dict(from_hf_state_dict(hf.state_dict(), list(ours.state_dict())))
+    x, mask, dec = _inputs(cfg.pad_id, cfg.pad_id, 700)
+    with torch.no_grad():
+        assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
+                                                                  decoder_input_ids=dec).logits).abs().max() <= TOL
+    if cfg.tied:  # and the other way: our random weights in transformers
+        ours = T5(cfg).eval()
+        hf.load_state_dict(to_hf_state_dict(ours.state_dict()))
+        with torch.no_grad():
+            assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
+                                                                      decoder_input_ids=dec).logits).abs().max() <= TOL
+
+
+def test_bart_logits_match_transformers_both_ways():
+    from transformers import BartForConditionalGeneration
+
+    from glm_dist.hf.bart import from_hf_state_dict, to_hf_config, to_hf_state_dict
+    from glm_dist.models.bart import Bart, bart_config
+
+    cfg = bart_config("bart-tiny", vocab_size=700)
+    torch.manual_seed(0)
+    hf = BartForConditionalGeneration(to_hf_config(cfg)).eval()
+    ours = Bart(cfg).eval()
+    ours.load_state_dict(from_hf_state_dict(hf.state_dict(), list(ours.state_dict())))
+    x, mask, dec = _inputs(cfg.pad_id, 2, 700)
+    with torch.no_grad():
+        assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
+                                                                  decoder_input_ids=dec).logits).abs().max() <= TOL
+        ours = Bart(cfg).eval()
+        hf.load_state_dict(to_hf_state_dict(ours.state_dict()), strict=False)
+        assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
+                                                                  decoder_input_ids=dec).logits).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("name", [*published_flavors("t5"), *published_flavors("bart")])
+def test_seq2seq_published_sizes_match_their_counts_and_transformers(name):
+    family = "bart" if name.startswith("bart") else "t5"
+    flavor = published_flavors(family)[name]
+    with torch.device("meta"):
+        n = sum(p.numel() for p in build_model(family, flavor.cfg).parameters())
+    assert abs(n - flavor.params) / flavor.params <= flavor.tol, (name, n)
+    if family == "bart":
+        from transformers import BartForConditionalGeneration
+
+        from glm_dist.hf.bart import to_hf_config
+        with torch.device("meta"):
+            assert n == BartForConditionalGeneration(to_hf_config(flavor.cfg)).num_parameters()
+    else:
+        from transformers import T5ForConditionalGeneration
+
+        from glm_dist.hf.t5 import to_hf_config
+        with torch.device("meta"):
+            assert n == T5ForConditionalGeneration(to_hf_config(flavor.cfg)).num_parameters()
+
+
+def test_t5_v1_1_flavors_are_untied_gated_and_sized_like_the_release():
+    cfg = published_flavors("t5")  # v1.1 flavors have no published count in REFERENCE.md
+    from glm_dist.models.t5 import FLAVORS, T5
+
+    small = FLAVORS["t5-v1_1-small"].cfg
+    assert small.gated and not small.tied and cfg["t5-small"].cfg.tied
+    with torch.device("meta"):
+        n = sum(p.numel() for p in T5(small).parameters())
+    assert abs(n - 77e6) / 77e6 < 0.01  # google/t5-v1_1-small: 77M (untied output layer)
