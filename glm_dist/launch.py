@@ -89,7 +89,9 @@ def main(argv: list[str]) -> int:
         run(parse_args(torchrun_argv(args, args.command)))
     except ChildFailedError as err:
         codes = {failure.exitcode for failure in err.failures.values()}
-        if codes == {Preempted.exit_code}:
+        # Ranks exit 75 only after the collective checkpoint is complete; once the first one has,
+        # torchrun may SIGTERM the others on their way out (-15) -- still a preemption.
+        if Preempted.exit_code in codes and codes <= {Preempted.exit_code, -signal.SIGTERM}:
             return Preempted.exit_code
         print(f"glm launch: worker(s) failed with exit code(s) {sorted(codes)}", file=sys.stderr)
         return 1

@@ -34,7 +34,7 @@ def test_tiny_encoder_pretraining_lowers_the_loss_and_raises_mlm_accuracy(family
     out = run_glm(["train", "-c", experiment(family), *QUICK, f"data.source={corpus}",
                    f"data.shards_dir={encoder_shards[family]}", f"train.out_dir={tmp_path}"])
     s = summary(out)
-    assert s["val_loss"] < s["val_loss_before"] - 1.5
+    assert s["val_loss"] < s["val_loss_before"] - 1.0
     assert s["val_accuracy"] > 0.05
     assert "validation perplexity" in out.stderr
     if family in ("bert", "albert"):

@@ -62,7 +62,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if getattr(mc, "sparse_window", None) is not None and mc.sparse_window < 1:
         raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
     trainable = {"gpt": ("clm",), "bert": ("mlm_nsp", "mlm"), "roberta": ("mlm",), "albert": ("sop", "mlm"),
-                 "electra": ("electra",)}
+                 "electra": ("electra",), "t5": ("span_corruption",), "bart": ("denoising",)}
     if cfg.objective.name not in trainable.get(cfg.model.family, ()):
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
                           f"{cfg.model.family!r}, which trains with {', '.join(trainable.get(cfg.model.family, ()))}")

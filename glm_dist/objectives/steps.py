@@ -39,6 +39,14 @@ def forward_loss(objective: str, model: Callable, batch: dict[str, torch.Tensor]
                         sentences=len(batch["sentence_label"]),
                         sentence_correct=int((out["sentence_logits"].argmax(-1) == batch["sentence_label"]).sum()))
         return loss, sums
+    if objective in ("span_corruption", "denoising"):  # encoder-decoder: CE over the target tokens
+        out = model(batch["input_ids"], batch["decoder_input_ids"], attention_mask=batch.get("attention_mask"))
+        labels = batch["labels"]
+        chosen = labels != mlm.IGNORE_INDEX
+        nll = F.cross_entropy(out["logits"].float()[chosen], labels[chosen], reduction="sum")
+        return nll / chosen.sum().clamp(min=1), {
+            "nll": nll.item(), "targets": int(chosen.sum()),
+            "correct": int((out["logits"].argmax(-1)[chosen] == labels[chosen]).sum())}
     if objective == "electra":
         out = model(batch["input_ids"], batch["labels"], **{k: batch[k] for k in MODEL_INPUTS[1:] if k in batch})
         labels, chosen = batch["labels"], batch["labels"] != mlm.IGNORE_INDEX
