@@ -98,3 +98,12 @@ def test_span_head_scores_start_and_end_with_two_vectors_and_ignores_padding():
     torch.testing.assert_close(start[0], h[0] @ span.start_end.weight[0] + span.start_end.bias[0])
     clf = SequenceClassifier(enc, 3).eval()
     torch.testing.assert_close(clf(ids, attention_mask=mask), clf.classifier(h[:, 0]))
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert", "electra"])
+def test_encoder_family_trains_under_torchrun_with_zero2(family, corpus, encoder_shards, tmp_path):
+    out = run_glm(["train", "-c", experiment(family), *QUICK, f"data.source={corpus}", "parallel.zero_stage=2",
+                   f"data.shards_dir={encoder_shards[family]}", f"train.out_dir={tmp_path}"], nproc=2)
+    assert "world size 2, ZeRO-2" in out.stderr
+    s = summary(out)
+    assert s["val_loss"] < s["val_loss_before"] - 1.0
