@@ -94,7 +94,7 @@ def main() -> None:
     print("training step consumption on this machine (bf16, tokens/s): "
           + ", ".join(f"{k}: {v:,.0f}" for k, v in consume.items()))
     fastest_step = max(consume.values())
-    print(f"\n| objective | 0 workers | 1 worker | 2 workers | best ÷ tiny step's consumption |")
+    print("\n| objective | 0 workers | 1 worker | 2 workers | best ÷ tiny step's consumption |")
     print("|---|---|---|---|---|")
     for objective in args.objectives.split(","):
         d = shards_for(PROFILE_FOR[objective], args.root)

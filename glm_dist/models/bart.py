@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glm_dist.models.common import Flavor
+
 POSITION_OFFSET = 2  # fairseq's learned positions reserve the first two rows
 
 
@@ -120,14 +122,6 @@ class Bart(nn.Module):
     def num_flops_per_token(self, seq_len: int) -> float:
         n = sum(p.numel() for p in self.parameters())
         return 6 * n + 12 * 2 * self.cfg.n_layer * self.cfg.d_model * seq_len
-
-
-@dataclass(frozen=True)
-class Flavor:
-    cfg: BartConfig
-    params: float = 0
-    tol: float = 0.01
-    note: str = ""
 
 
 FLAVORS: dict[str, Flavor] = {

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glm_dist.models.common import Flavor
+
 
 @dataclass(frozen=True)
 class EncoderConfig:
@@ -198,14 +200,6 @@ class Encoder(nn.Module):
     def num_flops_per_token(self, seq_len: int) -> float:
         n = sum(p.numel() for p in self.parameters()) - self.embed.position.weight.numel()
         return 6 * n + 12 * self.cfg.n_layer * self.cfg.d_model * seq_len
-
-
-@dataclass(frozen=True)
-class Flavor:
-    cfg: EncoderConfig
-    params: float = 0
-    tol: float = 0.01
-    note: str = ""
 
 
 def _bert(n_layer, d, heads, **kw) -> EncoderConfig:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,3 +79,14 @@ def init_gpt_weights(module: nn.Module, *, n_layer: int, std: float = 0.02) -> N
 def count_parameters(model: nn.Module) -> int:
     """Unique parameters (tied weights counted once); works on the meta device."""
     return sum(p.numel() for p in model.parameters())
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """A named size: its config, the published parameter count as REFERENCE.md prints it (0 for
+    test flavors), the relative tolerance of the count check, and why the tolerance is what it is."""
+
+    cfg: Any
+    params: float = 0
+    tol: float = 0.01
+    note: str = ""

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from glm_dist.models.common import MLP, CausalSelfAttention, init_gpt_weights
+from glm_dist.models.common import Flavor, MLP, CausalSelfAttention, init_gpt_weights
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,6 @@ class GPTConfig:
     @property
     def ffn_width(self) -> int:
         return self.d_ff or 4 * self.d_model
-
-
-@dataclass(frozen=True)
-class Flavor:
-    cfg: GPTConfig
-    params: float = 0  # published count as REFERENCE.md prints it (0: a test flavor)
-    tol: float = 0.01  # relative tolerance of the count check
-    note: str = ""
 
 
 # The GPT-3 paper names sizes with two significant figures ("350M" is 355.9M with its own

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glm_dist.models.common import Flavor
+
 
 @dataclass(frozen=True)
 class T5Config:
@@ -200,14 +202,6 @@ class T5(nn.Module):
     def num_flops_per_token(self, seq_len: int) -> float:
         n = sum(p.numel() for p in self.parameters())
         return 6 * n + 12 * 2 * self.cfg.n_layer * self.cfg.n_head * self.cfg.d_kv * seq_len
-
-
-@dataclass(frozen=True)
-class Flavor:
-    cfg: T5Config
-    params: float = 0
-    tol: float = 0.01
-    note: str = ""
 
 
 V11 = dict(gated=True, tied=False)
