@@ -114,7 +114,7 @@ def _losses(out_dir):
 def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_transformers(family, corpus, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from glm_dist.eval.generate import greedy_seq2seq
+    from glm_dist.eval.generate import GenerationConfig, generate
     from glm_dist.eval.run import load_checkpoint_model
 
     common = ["train", "-c", str(ROOT / f"configs/experiments/{family}-tiny-cpu.yaml"), *QUICK,
@@ -136,9 +136,12 @@ def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_t
               return_tensors="pt", padding=True)
     ours, _ = load_checkpoint_model(ckpt)
     start = ours.cfg.pad_id if family == "t5" else tok.eos_token_id
-    mine = greedy_seq2seq(ours, enc.input_ids, attention_mask=enc.attention_mask, start_id=start,
-                          eos_id=tok.eos_token_id, max_new_tokens=12)
-    theirs = hf.generate(**enc, max_new_tokens=12, do_sample=False, num_beams=1, min_length=0,
-                         forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0)
-    n = min(mine.shape[1], theirs.shape[1])
-    assert torch.equal(mine[:, :n], theirs[:, :n])
+    for strategy, beams in (("greedy", 1), ("beam", 3)):
+        mine = generate(ours, enc.input_ids, GenerationConfig(max_new_tokens=12, strategy=strategy, num_beams=beams,
+                                                              eos_id=tok.eos_token_id),
+                        attention_mask=enc.attention_mask, start_id=start)
+        theirs = hf.generate(**enc, max_new_tokens=12, do_sample=False, num_beams=beams, early_stopping=True,
+                             min_length=0, forced_bos_token_id=None, forced_eos_token_id=None,
+                             no_repeat_ngram_size=0, length_penalty=1.0)
+        n = min(mine.shape[1], theirs.shape[1])
+        assert torch.equal(mine[:, :n], theirs[:, :n]), strategy

@@ -37,16 +37,28 @@ class BartAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(cfg.d_model, cfg.d_model) for _ in range(4))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, kv: torch.Tensor | None = None,
-                causal: bool = False) -> torch.Tensor:
+                causal: bool = False, cache: dict | None = None) -> torch.Tensor:
+        """``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
         B, T, C = x.shape
-        src = x if kv is None else kv
         split = lambda t: t.view(B, -1, self.n_head, C // self.n_head).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(src)), split(self.v_proj(src))
-        if causal and mask is None:
+        q = split(self.q_proj(x))
+        if kv is not None and cache is not None and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            src = x if kv is None else kv
+            k, v = split(self.k_proj(src)), split(self.v_proj(src))
+        past = 0
+        if cache is not None:
+            if kv is None and "k" in cache:
+                past = cache["k"].shape[2]
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        if causal and mask is None and past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             if causal:
-                mask = mask & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                causal_mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+                mask = causal_mask if mask is None else mask & causal_mask
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -64,10 +76,12 @@ class BartBlock(nn.Module):
         self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, mask, memory=None, memory_mask=None):
-        x = self.ln_self(x + self.drop(self.self_attn(x, mask, causal=self.decoder)))
+    def forward(self, x, mask, memory=None, memory_mask=None, cache: dict | None = None):
+        self_cache = None if cache is None else cache.setdefault("self", {})
+        cross_cache = None if cache is None else cache.setdefault("cross", {})
+        x = self.ln_self(x + self.drop(self.self_attn(x, mask, causal=self.decoder, cache=self_cache)))
         if self.decoder:
-            x = self.ln_cross(x + self.drop(self.cross_attn(x, memory_mask, kv=memory)))
+            x = self.ln_cross(x + self.drop(self.cross_attn(x, memory_mask, kv=memory, cache=cross_cache)))
         return self.ln_ffn(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
 
 
@@ -79,11 +93,12 @@ class BartStack(nn.Module):
         self.blocks = nn.ModuleList(BartBlock(cfg, decoder=decoder) for _ in range(cfg.n_layer))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, embedded, mask=None, memory=None, memory_mask=None):
-        pos = torch.arange(embedded.shape[1], device=embedded.device) + POSITION_OFFSET
+    def forward(self, embedded, mask=None, memory=None, memory_mask=None, cache: list[dict] | None = None):
+        past = cache[0]["self"]["k"].shape[2] if cache and "self" in cache[0] else 0
+        pos = torch.arange(past, past + embedded.shape[1], device=embedded.device) + POSITION_OFFSET
         x = self.drop(self.ln_embed(embedded + self.position(pos)))
-        for block in self.blocks:
-            x = block(x, mask, memory, memory_mask)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, memory, memory_mask, None if cache is None else cache[i])
         return x
 
 
@@ -111,8 +126,10 @@ class Bart(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.encoder(self.shared(input_ids), _key_mask(attention_mask))
 
-    def decode(self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None) -> torch.Tensor:
-        h = self.decoder(self.shared(decoder_input_ids), _key_mask(decoder_mask), memory, _key_mask(memory_mask))
+    def decode(self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None,
+               cache: list[dict] | None = None) -> torch.Tensor:
+        """Decoder logits; with ``cache`` (one dict per block, filled in place) pass only new tokens."""
+        h = self.decoder(self.shared(decoder_input_ids), _key_mask(decoder_mask), memory, _key_mask(memory_mask), cache)
         return self.lm_head(h) + self.final_logits_bias  # (B, T_dec, V)
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor,

@@ -26,25 +26,36 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(dropout)
         self._band_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """``cache``: a dict this layer keeps its keys/values in, for incremental decoding."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, n_head, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        past = 0
+        if cache is not None:
+            if "k" in cache:
+                past = cache["k"].shape[2]
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
         p = self.dropout if self.training else 0.0
-        if self.window is None or self.window >= T:
+        if past == 0 and (self.window is None or self.window >= T):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._band(T, x.device), dropout_p=p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._band(T, x.device, past=past), dropout_p=p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_drop(self.proj(y))
 
-    def _band(self, T: int, device: torch.device) -> torch.Tensor:
-        key = (T, device)
+    def _band(self, T: int, device: torch.device, past: int = 0) -> torch.Tensor:
+        """(T, past + T) boolean: causal, and within the window for sparse layers."""
+        key = (T, past, device)
         if key not in self._band_cache:
-            i = torch.arange(T, device=device)
-            offset = i[:, None] - i[None, :]  # (T, T): query minus key position
-            self._band_cache[key] = (offset >= 0) & (offset < self.window)
+            q = torch.arange(past, past + T, device=device)
+            offset = q[:, None] - torch.arange(past + T, device=device)[None, :]  # query minus key position
+            allowed = offset >= 0
+            if self.window is not None:
+                allowed &= offset < self.window
+            self._band_cache[key] = allowed
         return self._band_cache[key]
 
 

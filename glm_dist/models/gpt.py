@@ -75,9 +75,9 @@ class GPTEmbedding(nn.Module):
         self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
         T = input_ids.shape[1]
-        pos = torch.arange(T, device=input_ids.device)
+        pos = torch.arange(past, past + T, device=input_ids.device)
         return self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
 
 
@@ -91,8 +91,8 @@ class GPTBlock(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg.d_model, cfg.ffn_width, dropout=cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -123,17 +123,19 @@ class GPT(nn.Module):
         """The model as an ordered list: embedding, blocks, head."""
         return [self.embed, *self.blocks, self.head]
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, vocab) logits."""
-        if input_ids.shape[1] > self.cfg.context_length:
-            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the context length "
+    def forward(self, input_ids: torch.Tensor, cache: list[dict] | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, vocab) logits. ``cache`` (one dict per block, filled in
+        place) makes decoding incremental: pass only the new tokens."""
+        past = cache[0]["k"].shape[2] if cache and "k" in cache[0] else 0
+        if past + input_ids.shape[1] > self.cfg.context_length:
+            raise ValueError(f"sequence length {past + input_ids.shape[1]} exceeds the context length "
                              f"{self.cfg.context_length}")
-        x = self.embed(input_ids)
-        for block in self.blocks:
+        x = self.embed(input_ids, past)
+        for i, block in enumerate(self.blocks):
             if self.activation_checkpointing and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, None if cache is None else cache[i])
         return self.head(x)
 
     def num_flops_per_token(self, seq_len: int) -> float:

@@ -73,17 +73,28 @@ class T5Attention(nn.Module):
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
         self.relative_bias = nn.Embedding(cfg.num_buckets, cfg.n_head) if relative else None
 
-    def position_bias(self, q_len: int, k_len: int, device) -> torch.Tensor:
-        rel = torch.arange(k_len, device=device)[None, :] - torch.arange(q_len, device=device)[:, None]
+    def position_bias(self, q_len: int, k_len: int, device, past: int = 0) -> torch.Tensor:
+        """(1, H, q_len, k_len) bias for queries at positions past .. past + q_len - 1."""
+        rel = torch.arange(k_len, device=device)[None, :] - torch.arange(past, past + q_len, device=device)[:, None]
         buckets = relative_bucket(rel, bidirectional=self.bidirectional, num_buckets=self.cfg.num_buckets,
                                   max_distance=self.cfg.max_distance)
         return self.relative_bias(buckets).permute(2, 0, 1)[None]  # (1, H, q, k)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, kv: torch.Tensor | None = None,
+                cache: dict | None = None) -> torch.Tensor:
+        """``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
         B, T, _ = x.shape
-        src = x if kv is None else kv
         split = lambda t: t.view(B, -1, self.cfg.n_head, self.cfg.d_kv).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q(x)), split(self.k(src)), split(self.v(src))
+        q = split(self.q(x))
+        if kv is not None and cache is not None and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            src = x if kv is None else kv
+            k, v = split(self.k(src)), split(self.v(src))
+        if cache is not None:
+            if kv is None and "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
         # T5 does not scale by 1/sqrt(d_kv): SDPA's scale=1.0; the bias carries positions and masks.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=1.0)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
@@ -117,10 +128,12 @@ class T5Block(nn.Module):
         self.ffn = T5FFN(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, self_bias, memory=None, cross_bias=None):
-        x = x + self.drop(self.self_attn(self.ln_self(x), self_bias))
+    def forward(self, x, self_bias, memory=None, cross_bias=None, cache: dict | None = None):
+        self_cache = None if cache is None else cache.setdefault("self", {})
+        cross_cache = None if cache is None else cache.setdefault("cross", {})
+        x = x + self.drop(self.self_attn(self.ln_self(x), self_bias, cache=self_cache))
         if memory is not None:
-            x = x + self.drop(self.cross_attn(self.ln_cross(x), cross_bias, kv=memory))
+            x = x + self.drop(self.cross_attn(self.ln_cross(x), cross_bias, kv=memory, cache=cross_cache))
         return x + self.drop(self.ffn(self.ln_ffn(x)))
 
 
@@ -139,17 +152,18 @@ class T5Stack(nn.Module):
         self.ln_final = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, mask=None, memory=None, memory_mask=None):
+    def forward(self, x, mask=None, memory=None, memory_mask=None, cache: list[dict] | None = None):
         T = x.shape[1]
-        bias = self.blocks[0].self_attn.position_bias(T, T, x.device) + _mask_bias(mask, x.dtype)
+        past = cache[0]["self"]["k"].shape[2] if cache and "self" in cache[0] else 0
+        bias = self.blocks[0].self_attn.position_bias(T, past + T, x.device, past) + _mask_bias(mask, x.dtype)
         if self.decoder:  # causal: no attending to later positions
-            bias = bias + torch.triu(torch.full((T, T), torch.finfo(x.dtype).min, device=x.device), 1)
+            bias = bias + torch.triu(torch.full((T, past + T), torch.finfo(x.dtype).min, device=x.device), past + 1)
         cross = _mask_bias(memory_mask, x.dtype) if memory is not None else None
         if memory is not None and not torch.is_tensor(cross):
             cross = torch.zeros(1, 1, 1, memory.shape[1], device=x.device, dtype=x.dtype)
         x = self.drop(x)
-        for block in self.blocks:
-            x = block(x, bias, memory, cross)
+        for i, block in enumerate(self.blocks):
+            x = block(x, bias, memory, cross, None if cache is None else cache[i])
         return self.drop(self.ln_final(x))
 
 
@@ -188,8 +202,10 @@ class T5(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.encoder(self.shared(input_ids), attention_mask)
 
-    def decode(self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None) -> torch.Tensor:
-        h = self.decoder(self.shared(decoder_input_ids), decoder_mask, memory, memory_mask)
+    def decode(self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None,
+               cache: list[dict] | None = None) -> torch.Tensor:
+        """Decoder logits; with ``cache`` (one dict per block, filled in place) pass only new tokens."""
+        h = self.decoder(self.shared(decoder_input_ids), decoder_mask, memory, memory_mask, cache)
         if self.cfg.tied:
             h = h * self.cfg.d_model ** -0.5
         return self.lm_head(h)  # (B, T_dec, V)
