@@ -105,3 +105,14 @@ def test_every_published_recipe_validates_at_its_cluster_layout():
         validate(cfg, world_size=world)
         with pytest.raises(ConfigError, match="global_batch_size"):
             validate(cfg, world_size=world + 1)
+
+
+def test_t5_inverse_sqrt_schedule_is_flat_during_warmup_then_decays():
+    from pathlib import Path
+
+    from glm_dist.train.schedule import lr_at
+
+    t = load_config(Path(TINY).parent / "published/t5-base.yaml").train
+    assert [lr_at(s, t) for s in (0, 9999)] == [0.01, 0.01]  # 1 / sqrt(10k)
+    assert lr_at(39999, t) == pytest.approx(0.005) and lr_at(4 * 40000 - 1, t) == pytest.approx(0.0025)
+    assert t.optimizer == "adafactor"

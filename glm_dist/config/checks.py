@@ -77,16 +77,17 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
             f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x "
             f"data-parallel size {world_size} = {actual}; change grad_accum_steps to "
             f"{t.global_batch_size / (t.micro_batch_size * world_size):g} or the batch sizes")
-    if t.warmup_steps > t.max_steps:
+    if t.warmup_steps > t.max_steps and t.schedule != "inverse_sqrt":
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} > train.max_steps={t.max_steps} "
                           f"({where('train.warmup_steps')})")
     if not 0.0 <= t.min_lr_ratio <= 1.0:
         raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1] ({where('train.min_lr_ratio')})")
     p = cfg.parallel
-    if t.optimizer == "lamb" and (p.zero_stage > 0 or t.precision == "bf16"):
-        raise ConfigError(f"train.optimizer=lamb needs parallel.zero_stage=0 and train.precision fp32 or bf16-autocast "
+    if t.optimizer in ("lamb", "adafactor") and (p.zero_stage > 0 or t.precision == "bf16"):
+        raise ConfigError(f"train.optimizer={t.optimizer} needs parallel.zero_stage=0 and train.precision fp32 or bf16-autocast "
                           f"(got ZeRO-{p.zero_stage}, {t.precision}): ZeRO and DeepSpeed's bf16 optimizer flatten "
-                          f"parameters into one buffer, which would turn LAMB's per-layer trust ratio into one per group")
+                          f"parameters into one buffer, which would turn its per-matrix statistics (LAMB's trust ratio, "
+                          f"Adafactor's factored moments) into one per group")
     if p.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3 ({where('parallel.zero_stage')})")
     if p.offload_optimizer and p.zero_stage == 0:

@@ -78,8 +78,10 @@ class TrainConfig:
     lr: float = _f(6e-4, "peak learning rate")
     min_lr_ratio: float = _f(0.1, "final LR as a fraction of the peak")
     warmup_steps: int = _f(30, "linear warmup steps")
-    schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
-    optimizer: Literal["adamw", "lamb"] = _f("adamw", "adamw (fused) | lamb (ALBERT's recipe)")
+    schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = _f(
+        "cosine", "decay after warmup; inverse_sqrt (T5): lr / sqrt(max(step, warmup_steps)), constant during warmup")
+    optimizer: Literal["adamw", "lamb", "adafactor"] = _f(
+        "adamw", "adamw (fused) | lamb (ALBERT's recipe) | adafactor (T5's recipe, torch.optim.Adafactor)")
     weight_decay: float = _f(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")

@@ -1,5 +1,5 @@
 """Optimizers with decay / no-decay parameter groups (no decay on biases and norms): fused AdamW,
-and LAMB for ALBERT's recipe. Both can skip a step (non-finite loss)."""
+LAMB for ALBERT's recipe, Adafactor for T5's. All can skip a step (non-finite loss)."""
 from __future__ import annotations
 
 import torch
@@ -71,10 +71,16 @@ class SkippableLamb(Skippable, Lamb):
     pass
 
 
+class SkippableAdafactor(Skippable, torch.optim.Adafactor):
+    pass
+
+
 def build_optimizer(model: nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
     groups = param_groups(model, t.weight_decay)
     if t.optimizer == "lamb":
         return SkippableLamb(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+    if t.optimizer == "adafactor":  # factored second moments, no first moment (T5)
+        return SkippableAdafactor(groups, lr=t.lr)
     # fused=True: one kernel over all tensors (CPU and CUDA since torch 2.4), ~4x faster than
     # the foreach default on the CPU (bench/train_throughput.py).
     return SkippableAdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=True)

@@ -1,4 +1,5 @@
-"""Learning-rate schedules: linear warmup, then cosine / linear decay to ``min_lr_ratio * lr``.
+"""Learning-rate schedules: linear warmup, then cosine / linear decay to ``min_lr_ratio * lr``;
+or T5's inverse square root.
 
 A pure function of the step, so the scheduler's whole state is the step counter (exact resume).
 """
@@ -11,6 +12,8 @@ from glm_dist.config.schema import TrainConfig
 
 def lr_at(step: int, t: TrainConfig) -> float:
     """LR for optimizer step ``step`` (0-based)."""
+    if t.schedule == "inverse_sqrt":  # T5: 1/sqrt(max(n, warmup)) -- flat during warmup, no ramp
+        return t.lr / math.sqrt(max(step + 1, t.warmup_steps, 1))
     if step < t.warmup_steps:
         return t.lr * (step + 1) / t.warmup_steps
     if t.schedule == "constant":
