@@ -54,9 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--train", required=True, help="JSONL or CSV rows with text (and text pair) and label")
     p.add_argument("--valid", help="held-out rows (default: 20%% of --train by row hash)")
+    p.add_argument("--task", choices=["classify", "seq2seq"], default="classify",
+                   help="classify: [CLS] + one matrix (encoders); seq2seq: text -> target text (t5, bart)")
+    p.add_argument("--prefix", default="", help="seq2seq: a T5-style task prefix, e.g. 'summarize: '")
     p.add_argument("--text-field", default="text")
     p.add_argument("--pair-field", help="second text of a pair task (e.g. text_b)")
-    p.add_argument("--label-field", default="label")
+    p.add_argument("--label-field", default="label", help="the label (classify) or target text (seq2seq) field")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--batch-size", type=int, default=16)

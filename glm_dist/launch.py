@@ -57,7 +57,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+_signalled = False  # a stop signal reached this launcher
+
+
 def _forward_to_workers(signum, frame) -> None:
+    global _signalled
+    _signalled = True
     for pid in descendants(os.getpid()):
         try:
             os.kill(pid, signum)
@@ -82,6 +87,7 @@ def main(argv: list[str]) -> int:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
     signal.signal(signal.SIGUSR1, _forward_to_workers)
@@ -95,4 +101,11 @@ def main(argv: list[str]) -> int:
             return Preempted.exit_code
         print(f"glm launch: worker(s) failed with exit code(s) {sorted(codes)}", file=sys.stderr)
         return 1
+    except RendezvousError as err:
+        # After a preemption another node's agent may close the rendezvous store before this one
+        # has shut down; the workers have checkpointed and exited by then.
+        if _signalled:
+            print(f"glm launch: rendezvous closed during the preemption shutdown ({err})", file=sys.stderr)
+            return Preempted.exit_code
+        raise
     return 0

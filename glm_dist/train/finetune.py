@@ -33,9 +33,11 @@ class FinetuneArgs:
     checkpoint: str
     train: str
     valid: str | None = None
+    task: str = "classify"  # classify (encoders) | seq2seq (T5, BART: text -> target text)
+    prefix: str = ""  # seq2seq: T5-style task prefix, e.g. "summarize: "
     text_field: str = "text"
     pair_field: str | None = None
-    label_field: str = "label"
+    label_field: str = "label"  # seq2seq: the target text field
     epochs: int = 3
     lr: float = 5e-5
     batch_size: int = 16
@@ -87,6 +89,8 @@ def accuracy(model, data: dict[str, torch.Tensor], batch_size: int, device) -> f
 def finetune(args: FinetuneArgs) -> dict:
     init_distributed()
     torch.manual_seed(args.seed)
+    if args.task == "seq2seq":
+        return finetune_seq2seq(args)
     encoder, meta = load_checkpoint_model(args.checkpoint)
     if meta["model_family"] == "electra":
         encoder = encoder.discriminator
@@ -130,3 +134,78 @@ def finetune(args: FinetuneArgs) -> dict:
         Path(args.out, "finetune.json").write_text(json.dumps(result, indent=2))
         torch.save({"classifier": model.state_dict(), "labels": labels}, Path(args.out, "classifier.pt"))
     return result
+
+
+def _encode_texts(tok: Tokenizer, texts: list[str], max_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The family's template (T5: ``text </s>``; BART: ``<s> text </s>``), truncated and padded."""
+    tok.enable_truncation(max_len)
+    tok.enable_padding(pad_id=pad_id)
+    enc = tok.encode_batch(texts)
+    return torch.tensor([e.ids for e in enc]), torch.tensor([e.attention_mask for e in enc])
+
+
+def finetune_seq2seq(args: FinetuneArgs) -> dict:
+    """Text-to-text fine-tuning of T5 / BART: teacher-forced cross-entropy on the target tokens;
+    held-out exact match of greedy generations after every epoch."""
+    from glm_dist.eval.generate import GenerationConfig, generate
+
+    model, meta = load_checkpoint_model(args.checkpoint)
+    if not hasattr(model, "encode"):
+        raise ValueError(f"--task seq2seq needs an encoder-decoder checkpoint (t5, bart); "
+                         f"{args.checkpoint} is a {meta['model_family']!r} checkpoint")
+    tok = Tokenizer.from_file(str(Path(args.checkpoint) / "tokenizer.json"))
+    ids = read_manifest_ids(tok, meta)
+    start = ids["pad"] if meta["model_family"] == "t5" else ids["eos"]
+    rows = read_rows(args.train)
+    train_rows, valid_rows = (rows, read_rows(args.valid)) if args.valid else split_rows(rows, args.valid_per_mille)
+
+    def tensors(part: list[dict]) -> dict[str, torch.Tensor]:
+        x, mask = _encode_texts(tok, [args.prefix + str(r[args.text_field]) for r in part], args.max_len, ids["pad"])
+        y, ymask = _encode_texts(tok, [str(r[args.label_field]) for r in part], args.max_len, ids["pad"])
+        labels = y.masked_fill(ymask == 0, -100)
+        dec = torch.cat([torch.full((len(part), 1), start), y[:, :-1]], dim=1)
+        return {"input_ids": x, "attention_mask": mask, "labels": labels, "decoder_input_ids": dec}
+
+    train, valid = tensors(train_rows), tensors(valid_rows)
+    steps = args.epochs * math.ceil(len(train_rows) / args.batch_size)
+    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}",
+                             "train.weight_decay=0.01", "parallel.zero_stage=0", "train.precision=fp32"])
+    engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
+    g, step, history = torch.Generator().manual_seed(args.seed), 0, []
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(train_rows), generator=g)
+        for i in range(0, len(order) - args.batch_size + 1, args.batch_size):
+            part = {k: v[order[i:i + args.batch_size]].to(engine.device) for k, v in train.items()}
+            warm = max(1, steps // 10)
+            set_lr(engine, args.lr * min((step + 1) / warm, max(0.0, (steps - step) / (steps - warm))))
+            logits = engine(part["input_ids"], part["decoder_input_ids"], attention_mask=part["attention_mask"])["logits"]
+            loss = F.cross_entropy(logits.float().flatten(0, 1), part["labels"].flatten(), ignore_index=-100)
+            engine.backward(loss)
+            engine.step()
+            step += 1
+        model.eval()
+        out = generate(model, valid["input_ids"], GenerationConfig(max_new_tokens=valid["labels"].shape[1] + 2,
+                                                                   eos_id=ids["eos"]),
+                       attention_mask=valid["attention_mask"], start_id=start)
+        model.train()
+        predictions = [tok.decode(row.tolist()).strip() for row in out[:, 1:]]
+        exact = sum(p == str(r[args.label_field]).strip() for p, r in zip(predictions, valid_rows)) / len(valid_rows)
+        history.append({"epoch": epoch + 1, "valid_exact_match": exact})
+    targets = [str(r[args.label_field]) for r in valid_rows]
+    majority = max(targets.count(t) for t in set(targets)) / len(targets)
+    result = {"checkpoint": args.checkpoint, "task": "seq2seq", "train_examples": len(train_rows),
+              "valid_examples": len(valid_rows), "majority_baseline": majority,
+              "valid_exact_match": history[-1]["valid_exact_match"], "history": history,
+              "examples": [{"input": r[args.text_field][:80], "target": r[args.label_field], "output": p}
+                           for r, p in zip(valid_rows[:3], predictions[:3])]}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "finetune.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def read_manifest_ids(tok: Tokenizer, meta: dict) -> dict:
+    """Special-token ids by role, from the tokenizer profile the checkpoint was trained with."""
+    from data_pipeline.tokenize.profiles import special_ids
+
+    return special_ids(tok, meta["config"]["data"]["tokenizer_profile"])
