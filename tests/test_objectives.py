@@ -98,7 +98,10 @@ def test_whole_word_masking_masks_all_pieces_of_a_word_together(shards):
         labels = b["labels"].numpy()
         originals = np.where(labels != IGNORE_INDEX, labels, b["input_ids"].numpy())
         for row, lab in zip(originals, labels):
-            is_start = starts[row] | np.isin(row, ld.vocab.specials)
+            special = np.isin(row, ld.vocab.specials)
+            # A token right after a special token starts a word (a unit cut inside a long sentence
+            # can begin with a continuation piece).
+            is_start = starts[row] | special | np.concatenate([[True], special[:-1]])
             word_id = np.cumsum(is_start)
             chosen = lab != IGNORE_INDEX
             for w in np.unique(word_id[chosen]):
@@ -108,7 +111,9 @@ def test_whole_word_masking_masks_all_pieces_of_a_word_together(shards):
     labels = torch.cat([b["labels"] for b in bs]).numpy()
     originals = np.where(labels != IGNORE_INDEX, labels, torch.cat([b["input_ids"] for b in bs]).numpy())
     maskable = ~np.isin(originals, ld.vocab.specials)
-    assert (labels != IGNORE_INDEX).sum() / maskable.sum() == pytest.approx(0.15, abs=0.005)
+    # A word that would overshoot the per-sequence budget is skipped (google-research/bert does the
+    # same), so whole-word selection lands near 15% (round(0.15 n) per sequence).
+    assert 0.14 <= (labels != IGNORE_INDEX).sum() / maskable.sum() <= 0.155
 
 
 def test_albert_ngram_lengths_follow_one_over_n():
