@@ -63,7 +63,11 @@ def wait_for(job: str, log: Path, *, timeout: float = 400, release_requeued: boo
         info = job_info(job)
         state = info.get("JobState", "")
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            return info
+            time.sleep(3)  # a requeue shows CANCELLED for a moment before the job is PENDING again
+            again = job_info(job)
+            if again.get("JobState") == state:
+                return again
+            continue
         if release_requeued and not released and state == "PENDING" and int(info.get("Restarts", 0)) > 0:
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
             released = True
