@@ -47,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--task", type=int, help="run only this encoding task (one input file; SLURM array index)")
     tok.add_argument("--prepare-only", action="store_true",
                      help="only write the tokenizer and print the number of encoding tasks")
+    run = dsub.add_parser("run", help="the crawl pipeline: read, extract, filter, dedup, decontaminate, write")
+    run.add_argument("-c", "--config", required=True, help="a recipe, e.g. configs/data/fineweb.yaml")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. input=... output=... benchmarks=...")
+    run.add_argument("--stage", help="run only this stage (all its tasks, or --task); for SLURM arrays")
+    run.add_argument("--task", type=int, help="with --stage: run only this task")
+    run.add_argument("--tasks", action="store_true", help="print each stage's task count as JSON and exit")
     task = dsub.add_parser("docstring-task", help="write the built-in classification task (docstring -> module) as JSONL")
     task.add_argument("--out", required=True)
 
@@ -89,8 +95,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "config" and args.config_command == "keys":
         _print_keys()
         return 0
-    cfg = load_config(args.config, args.overrides) if getattr(args, "config", None) or hasattr(args, "overrides") \
-        else None
+    recipe = args.command == "data" and args.data_command == "run"  # a pipeline recipe, not a training config
+    cfg = load_config(args.config, args.overrides) if not recipe and (getattr(args, "config", None)
+                                                                       or hasattr(args, "overrides")) else None
     if args.command == "train":
         from glm_dist.train.loop import train
 
@@ -128,6 +135,20 @@ def _run(args: argparse.Namespace) -> int:
         rows = docstring_task()
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{len(rows)} rows -> {args.out}")
+    elif args.command == "data" and args.data_command == "run":
+        from data_pipeline.executors.local import run
+        from data_pipeline.pipeline import Pipeline
+        from data_pipeline.recipe import load_recipe
+
+        recipe = load_recipe(args.config, args.overrides)
+        if args.tasks:
+            pipe = Pipeline(recipe)
+            pipe.prepare()
+            print(json.dumps(dict(pipe.stages())))
+            return 0
+        pipe = run(recipe, stage=args.stage, task=args.task)
+        if args.stage is None:
+            print(Path(pipe.out, "README.md").read_text())
     elif args.command == "data":
         from data_pipeline.tokenize.prepare import prepare_shards, prepare_tokenizer
 
@@ -164,13 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"glm slurm: error: {err}", file=sys.stderr)
             return 2
     args = _parser().parse_args(argv)
+    from data_pipeline.pipeline import PipelineError
     from glm_dist.data.shards import ShardSetError
     from glm_dist.train.checkpoint import CheckpointError
     from glm_dist.train.errors import Preempted, TrainingDiverged
 
     try:
         return _run(args)
-    except (ConfigError, CheckpointError, ShardSetError, FileNotFoundError) as err:
+    except (ConfigError, CheckpointError, ShardSetError, FileNotFoundError, PipelineError) as err:
         print(f"glm {args.command}: error: {err}", file=sys.stderr)
         return 2
     except TrainingDiverged as err:

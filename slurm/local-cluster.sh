@@ -37,6 +37,9 @@ SlurmdPort=17001
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# Job credentials live 15 s (default 120): a requeued job waits this long before it may start
+# again, so the preemption test sees the requeued job rerun in seconds, not minutes.
+AuthInfo=cred_expire=15
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid

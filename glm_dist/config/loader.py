@@ -6,6 +6,7 @@ which key is wrong and which file to edit.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,13 @@ class ConfigError(ValueError):
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Resolve ``path`` (and its ``base:`` chain), apply ``key=value`` overrides, build the schema."""
+    return load_structured(Config, path, overrides)
+
+
+def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (),
+                    lists: tuple[str, ...] = ()) -> Any:
+    """The same YAML rules for any dataclass schema (training configs, data-pipeline recipes).
+    ``lists``: top-level keys whose value may be given as one string or comma-separated strings."""
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if path is not None:
@@ -30,7 +38,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(tree, sources, key, value, CLI)
-    cfg = _build(Config, tree, sources, prefix="")
+    for key in lists:
+        if isinstance(tree.get(key), str):
+            tree[key] = [part for part in tree[key].split(",") if part]
+    cfg = _build(cls, tree, sources, prefix="")
     cfg.__dict__["_sources"] = sources
     return cfg
 
@@ -130,7 +141,7 @@ def _source_under(sources: dict, dotted: str) -> str:
 
 def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:  # Optional[X]
+    if origin in (typing.Union, types.UnionType):  # Optional[X], X | None
         if value is None:
             return None
         return _check_type(key, value, next(a for a in args if a is not type(None)), source)

@@ -1,0 +1,159 @@
+"""Benchmark decontamination: GPT-3 appendix C / lm-eval-harness's "Janitor", Dolma as an option.
+
+Benchmark items and training documents are compared on word 13-grams of text lowercased with
+punctuation removed. The benchmark side is one sorted array of n-gram hashes (plus which items
+each came from); each training document's n-grams are looked up with one ``searchsorted``. The
+reduce step ignores n-grams found in more than ``max_doc_freq`` training documents (boilerplate),
+marks the benchmark items that still collide as dirty, and the write step cuts every colliding
+n-gram out of its document with ``margin_chars`` on each side, drops pieces shorter than
+``min_piece_chars`` and drops documents cut into more than ``max_pieces`` pieces (mode ``cut``), or
+drops the whole document (mode ``drop_document``, Dolma).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+
+from data_pipeline.dedup.hashing import ngram_hashes, normalize, word_hashes
+from data_pipeline.document import Stats
+from data_pipeline.recipe import DecontamCfg
+
+TOKEN = re.compile(r"\S+")
+
+
+def doc_ngrams(text: str, n: int) -> np.ndarray:
+    return ngram_hashes(word_hashes(normalize(text, "janitor")), n, short=False)
+
+
+@dataclass
+class BenchmarkIndex:
+    hashes: np.ndarray  # sorted unique n-gram hashes of all items
+    pair_hash: np.ndarray  # (hash, item) pairs sorted by hash
+    pair_item: np.ndarray
+    items: list[dict]  # {"benchmark", "item", "words"}
+
+    def hits(self, text: str, n: int) -> np.ndarray:
+        """The distinct benchmark n-gram hashes that occur in ``text``."""
+        if len(self.hashes) == 0:
+            return np.zeros(0, dtype=np.uint64)
+        grams = doc_ngrams(text, n)
+        pos = np.searchsorted(self.hashes, grams)
+        pos[pos == len(self.hashes)] = 0
+        return np.unique(grams[self.hashes[pos] == grams])
+
+    def items_of(self, hashes: np.ndarray) -> np.ndarray:
+        lo = np.searchsorted(self.pair_hash, hashes, side="left")
+        hi = np.searchsorted(self.pair_hash, hashes, side="right")
+        return np.unique(np.concatenate([self.pair_item[a:b] for a, b in zip(lo, hi)] or [np.zeros(0, np.int64)]))
+
+    def save(self, path: str) -> None:
+        np.savez(path + ".npz", hashes=self.hashes, pair_hash=self.pair_hash, pair_item=self.pair_item)
+        with open(path + ".items.json", "w") as f:
+            json.dump(self.items, f)
+
+    @classmethod
+    def load(cls, path: str) -> "BenchmarkIndex":
+        z = np.load(path + ".npz")
+        with open(path + ".items.json") as f:
+            items = json.load(f)
+        return cls(z["hashes"], z["pair_hash"], z["pair_item"], items)
+
+
+def build_index(files: list[str], cfg: DecontamCfg, stats: Stats) -> BenchmarkIndex:
+    """Read benchmark items (JSONL or Parquet); an item's text is its configured fields joined.
+    An item with none of the fields is reported (file, line) and skipped; an item shorter than
+    ``n`` words cannot be checked and is counted as such."""
+    items, hashes, owners = [], [], []
+    for path in files:
+        bench = os.path.basename(path).split(".")[0]
+        for lineno, record in _records(path, stats):
+            parts = [_as_text(record.get(f)) for f in cfg.fields if f in record]
+            parts = [p for p in parts if p]
+            if not parts:
+                stats.error("benchmark item without any configured field", path, lineno,
+                            f"fields {cfg.fields}; the item has {sorted(record)[:12]}")
+                continue
+            text = "\n".join(parts)
+            grams = np.unique(doc_ngrams(text, cfg.n))
+            items.append({"benchmark": bench, "item": lineno, "words": len(normalize(text, "janitor").split())})
+            if len(grams) == 0:
+                stats.error("benchmark item shorter than n words", path, lineno, f"fewer than {cfg.n} words: not checkable")
+                continue
+            hashes.append(grams)
+            owners.append(np.full(len(grams), len(items) - 1, dtype=np.int64))
+    pair_hash = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+    pair_item = np.concatenate(owners) if owners else np.zeros(0, np.int64)
+    order = np.argsort(pair_hash, kind="stable")
+    return BenchmarkIndex(np.unique(pair_hash), pair_hash[order], pair_item[order], items)
+
+
+def _records(path: str, stats: Stats):
+    if ".parquet" in path:
+        import pyarrow.parquet as pq
+
+        with fsspec.open(path, "rb") as f:
+            for row, record in enumerate(pq.read_table(f).to_pylist(), 1):
+                yield row, record
+        return
+    with fsspec.open(path, "rb", compression="infer") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                stats.error("malformed benchmark line", path, lineno, str(err))
+                continue
+            if isinstance(record, dict):
+                yield lineno, record
+            else:
+                stats.error("malformed benchmark line", path, lineno, "not a JSON object")
+
+
+def _as_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(v for v in value if isinstance(v, str))
+    return ""
+
+
+def cut(text: str, bad: np.ndarray, cfg: DecontamCfg) -> tuple[list[str], str | None]:
+    """Remove every n-gram whose hash is in ``bad`` (sorted) with ``margin_chars`` each side.
+    Returns the kept pieces and a drop reason (None if pieces survive)."""
+    spans = [(m.start(), m.end()) for m in TOKEN.finditer(text)]
+    norm = [t for t in (text[a:b].lower().translate(_janitor_table()) for a, b in spans)]
+    keep = [i for i, t in enumerate(norm) if t]
+    words = " ".join(norm[i] for i in keep)
+    grams = ngram_hashes(word_hashes(words), cfg.n, short=False)
+    pos = np.searchsorted(bad, grams)
+    pos[pos == len(bad)] = 0
+    hit = np.flatnonzero(bad[pos] == grams) if len(bad) else np.zeros(0, np.int64)
+    cuts = []
+    for g in hit:
+        start, end = spans[keep[g]][0], spans[keep[g + cfg.n - 1]][1]
+        cuts.append((max(0, start - cfg.margin_chars), min(len(text), end + cfg.margin_chars)))
+    pieces, at = [], 0
+    for a, b in sorted(cuts):
+        if a > at:
+            pieces.append(text[at:a])
+        at = max(at, b)
+    if at < len(text):
+        pieces.append(text[at:])
+    if len(pieces) > cfg.max_pieces:
+        return [], f"decontam: cut into more than {cfg.max_pieces} pieces"
+    pieces = [p.strip() for p in pieces if len(p.strip()) >= cfg.min_piece_chars]
+    if not pieces:
+        return [], "decontam: nothing left after cutting"
+    return pieces, None
+
+
+def _janitor_table():
+    from data_pipeline.dedup.hashing import _table
+
+    return _table("janitor")

@@ -1,0 +1,68 @@
+"""Input readers: WARC/WET, JSONL (.gz/.zst), Parquet and plain text, from paths, globs or any
+fsspec URL. Every reader yields :class:`Document` s and reports a bad record or a damaged file to
+``Stats.error`` with the file, the offset (byte offset in the uncompressed stream, or line/row
+number) and the reason, then goes on with the next record (or, for a truncated file, stops that
+file after everything readable)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import fsspec
+
+from data_pipeline.document import Document, Stats
+from data_pipeline.recipe import ReaderCfg
+
+FORMATS = {".warc": "warc", ".wet": "warc", ".arc": "warc", ".jsonl": "jsonl", ".json": "jsonl",
+           ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text", ".text": "text", ".md": "text"}
+COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Every file the patterns name, sorted, as full URLs. A pattern that matches nothing stops
+    the run at once (a typo must not produce an empty corpus)."""
+    files: list[str] = []
+    for pattern in patterns:
+        fs, path = fsspec.core.url_to_fs(pattern)
+        if fs.isdir(path):
+            matches = [p for p in fs.find(path) if format_of(p, "auto", strict=False)]
+        elif any(ch in path for ch in "*?["):
+            matches = fs.glob(path)
+        else:
+            matches = [path] if fs.exists(path) else []
+        if not matches:
+            raise FileNotFoundError(f"input {pattern!r} matches no file")
+        files.extend(fs.unstrip_protocol(m) if fs.protocol not in ("file", ("file", "local")) else m
+                     for m in matches)
+    return sorted(dict.fromkeys(files))
+
+
+def format_of(path: str, configured: str = "auto", *, strict: bool = True) -> str | None:
+    if configured != "auto":
+        return configured
+    name = path.lower()
+    for ext in COMPRESSIONS:
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    for ext, fmt in FORMATS.items():
+        if name.endswith(ext):
+            return fmt
+    if strict:
+        raise ValueError(f"cannot tell the format of {path!r} from its name; set reader.format")
+    return None
+
+
+def read(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
+    fmt = format_of(path, cfg.format)
+    if fmt == "warc":
+        from data_pipeline.readers.warc import read_warc as reader
+    elif fmt == "jsonl":
+        from data_pipeline.readers.jsonl import read_jsonl as reader
+    elif fmt == "parquet":
+        from data_pipeline.readers.jsonl import read_parquet as reader
+    else:
+        from data_pipeline.readers.jsonl import read_text as reader
+    limit = cfg.max_docs_per_file
+    for i, doc in enumerate(reader(path, cfg, stats)):
+        if limit is not None and i >= limit:
+            return
+        yield doc
