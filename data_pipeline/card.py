@@ -23,13 +23,16 @@ def funnel(stats: Stats) -> list[dict]:
 def write_card(out: str, recipe: Recipe, stats: Stats, clusters: dict, shards: list[str], inputs: list[str],
                benchmarks: list[str]) -> None:
     rows = funnel(stats)
+    # Paths inside the output (the materialised sample) are written relative to it.
+    inputs = [os.path.relpath(p, out) if p.startswith(out + os.sep) else p for p in inputs]
+    benchmarks = [os.path.relpath(p, out) if p.startswith(out + os.sep) else p for p in benchmarks]
     reasons = sorted(((r, n) for st in stats.stages.values() for r, n in st.dropped.items()), key=lambda x: -x[1])
-    summary = {"recipe": recipe.name, "inputs": len(inputs), "benchmarks": benchmarks, "funnel": rows,
+    summary = {"recipe": recipe.name, "inputs": inputs, "benchmarks": benchmarks, "funnel": rows,
                "stages": stats.to_dict()["stages"], "input_errors": dict(stats.error_count),
                "input_error_examples": stats.errors, "other_warc_records": dict(stats.records),
                "languages": dict(stats.languages.most_common()), "dedup": {k: v for k, v in clusters.items() if k != "contamination"},
                "contamination": clusters.get("contamination", {}), "shards": shards,
-               "settings": dataclasses.asdict(recipe)}
+               "settings": {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("output", "workers", "input", "benchmarks")}}
     atomic_write_bytes(os.path.join(out, "stats.json"), json.dumps(summary, indent=1, default=str).encode())
     _plot(rows, os.path.join(out, "funnel.png"))
     lines = [f"# Data card: {recipe.name}", "",

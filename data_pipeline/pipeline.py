@@ -49,8 +49,8 @@ class Pipeline:
     def prepare(self) -> None:
         """Resolve the inputs (materialising the embedded sample crawl if asked) and freeze them
         with the recipe in work/run.json; a later run in the same output must match."""
-        os.makedirs(self.work, exist_ok=True)
         inputs, benchmarks = self._resolve(self.recipe.input), self._resolve(self.recipe.benchmarks, bench=True)
+        os.makedirs(self.work, exist_ok=True)
         identity = {"inputs": inputs, "benchmarks": benchmarks,
                     "recipe": {k: v for k, v in dataclasses.asdict(self.recipe).items() if k not in ("workers",)}}
         path = os.path.join(self.work, "run.json")

@@ -1,5 +1,6 @@
 """``glm slurm submit``: check the config, then ``sbatch slurm/train.sbatch CONFIG [key=value ...]``.
-``glm slurm submit-data``: the tokenizer here, then the encoding array and its merge job."""
+``glm slurm submit-data``: the tokenizer here, then the encoding array and its merge job.
+``glm slurm submit-pipeline``: the crawl pipeline, one job array per stage."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ from glm_dist.config.loader import load_config
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
 DATA_TEMPLATE = TEMPLATE.with_name("data.sbatch")
+PIPELINE_TEMPLATE = TEMPLATE.with_name("pipeline.sbatch")
 
 
 def sbatch_command(args: argparse.Namespace) -> list[str]:
@@ -55,9 +57,36 @@ def submit_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def submit_pipeline(args: argparse.Namespace) -> int:
+    """One job array per stage of the crawl pipeline, each depending on the one before."""
+    from data_pipeline.pipeline import Pipeline
+    from data_pipeline.recipe import load_recipe
+
+    pipe = Pipeline(load_recipe(args.config, args.overrides))
+    pipe.prepare()  # resolves and freezes the inputs; fails here, not in the queue, on a bad path
+    common = [*args.sbatch_arg, *(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in ("time", "partition", "account")
+                                  if getattr(args, f)), str(PIPELINE_TEMPLATE), args.config, *args.overrides]
+    previous, ids = None, []
+    for stage, n in pipe.stages():
+        if n == 0:
+            continue
+        cmd = ["sbatch", "--parsable", f"--array=0-{n - 1}", f"--job-name=glm-{stage}",
+               *([f"--dependency=afterok:{previous}"] if previous else []), *common]
+        if args.dry_run:
+            print(f"GLM_STAGE={stage} " + shlex.join(cmd))
+            previous = f"<{stage}>"
+            continue
+        previous = _sbatch(cmd, env={**os.environ, "GLM_STAGE": stage})
+        ids.append(previous)
+        print(f"stage {stage}: {n} task(s), job {previous}", file=sys.stderr)
+    if not args.dry_run:
+        print(" ".join(ids))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="glm slurm", description=__doc__)
-    ap.add_argument("action", choices=["submit", "submit-data"])
+    ap.add_argument("action", choices=["submit", "submit-data", "submit-pipeline"])
     ap.add_argument("-c", "--config", required=True)
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     ap.add_argument("--nodes", type=int, default=1)
@@ -72,6 +101,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_intermixed_args(argv)
     if args.action == "submit-data":
         return submit_data(args)
+    if args.action == "submit-pipeline":
+        return submit_pipeline(args)
     per_node = args.gpus_per_node or int(os.environ.get("GLM_PROCS_PER_NODE", 1))
     validate(load_config(args.config, args.overrides), world_size=args.nodes * per_node)  # fail before queueing
     cmd = sbatch_command(args)

@@ -5,6 +5,8 @@ number) and the reason, then goes on with the next record (or, for a truncated f
 file after everything readable)."""
 from __future__ import annotations
 
+import io
+import zlib
 from typing import Iterator
 
 import fsspec
@@ -66,3 +68,67 @@ def read(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
         if limit is not None and i >= limit:
             return
         yield doc
+
+
+class GzipStream(io.RawIOBase):
+    """Multi-member gzip decompression that delivers every byte before a truncation or corruption
+    (Python's ``gzip`` raises on a cut stream and loses the data of that read); ``truncated`` and
+    ``error`` say how the stream ended."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+        self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self.pending = b""
+        self.member_started = False
+        self.truncated = False
+        self.error: str | None = None
+        self.done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not self.pending and not self.done:
+            chunk = self.z.unused_data if self.z.eof else b""
+            if self.z.eof:
+                self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self.member_started = False
+            if not chunk:
+                chunk = self.raw.read(1 << 16)
+            if not chunk:
+                self.done = True
+                self.truncated = self.member_started and not self.z.eof
+                break
+            try:
+                self.pending = self.z.decompress(chunk)
+            except zlib.error as err:
+                self.done, self.error = True, f"corrupt gzip data: {err}"
+                break
+            self.member_started = True
+        n = min(len(buf), len(self.pending))
+        buf[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+def open_stream(path: str):
+    """(file-like binary stream, closer, status) for a possibly compressed file. ``status()``
+    returns None or why the stream ended early (truncated / corrupt)."""
+    f = fsspec.open(path, "rb").open()
+    name = path.lower()
+    if name.endswith(".gz"):
+        gz = GzipStream(f)
+        stream = io.BufferedReader(gz, 1 << 16)
+
+        def status() -> str | None:
+            return gz.error or ("gzip stream ends in the middle of a member (truncated file)" if gz.truncated else None)
+        return stream, f.close, status
+    if name.endswith(".zst"):
+        import zstandard
+
+        stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True), 1 << 16)
+        return stream, f.close, lambda: None
+    if name.endswith((".bz2", ".xz")):
+        stream = fsspec.open(path, "rb", compression="infer").open()
+        return stream, stream.close, lambda: None
+    return f, f.close, lambda: None

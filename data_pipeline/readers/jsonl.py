@@ -9,9 +9,14 @@ from typing import Iterator
 import fsspec
 
 from data_pipeline.document import Document, Stats
+from data_pipeline.readers import open_stream
 from data_pipeline.recipe import ReaderCfg
 
-READ_ERRORS = (EOFError, OSError, zlib.error)
+try:
+    from zstandard import ZstdError
+except ImportError:  # pragma: no cover
+    ZstdError = OSError
+READ_ERRORS = (EOFError, OSError, zlib.error, ZstdError)
 
 
 def _meta(record: dict, cfg: ReaderCfg) -> dict:
@@ -23,8 +28,9 @@ def read_jsonl(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
     max_bytes = int(cfg.max_record_mb * 2**20)
     stage = stats.stage("read")
     lineno = 0
+    f, close, status = open_stream(path)
     try:
-        with fsspec.open(path, "rb", compression="infer") as f:
+        with f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -57,6 +63,11 @@ def read_jsonl(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
                 yield Document(doc_id, text, meta)
     except READ_ERRORS as err:
         stats.error("truncated or corrupt compressed stream", path, lineno + 1, f"{type(err).__name__}: {err}")
+    else:
+        if status():
+            stats.error("truncated or corrupt compressed stream", path, lineno + 1, status())
+    finally:
+        close()
 
 
 def read_parquet(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:

@@ -12,18 +12,15 @@ by type but are not documents.
 """
 from __future__ import annotations
 
-import gzip
-import io
 import os
 import zlib
 from typing import Iterator
 
-import fsspec
-
 from data_pipeline.document import Document, Stats
+from data_pipeline.readers import open_stream
 from data_pipeline.recipe import ReaderCfg
 
-READ_ERRORS = (EOFError, OSError, zlib.error, gzip.BadGzipFile)
+READ_ERRORS = (EOFError, OSError, zlib.error)
 PAGE_TYPES = {b"response", b"resource", b"conversion"}
 
 
@@ -58,9 +55,9 @@ def read_warc(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
     name = os.path.basename(path)
     max_bytes = int(cfg.max_record_mb * 2**20)
     read_stage = stats.stage("read")
-    with fsspec.open(path, "rb") as raw:
-        compressed = path.endswith(".gz")
-        f = _Counting(io.BufferedReader(gzip.GzipFile(fileobj=raw), 1 << 20) if compressed else raw)
+    stream, close, status = open_stream(path)
+    f, early = _Counting(stream), False
+    try:
         index, quiet = 0, False
         while True:
             start = f.offset
@@ -100,7 +97,16 @@ def read_warc(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
             doc = _document(headers, rtype, block, f"{name}#{index}", path, start, stats)
             index += 1
             if doc is not None:
-                yield doc
+                try:
+                    yield doc
+                except GeneratorExit:  # the consumer stopped early (max_docs_per_file)
+                    early = True
+                    raise
+    finally:
+        ended = None if early else status()
+        if ended:
+            stats.error("truncated or corrupt compressed stream", path, f.offset, ended)
+        close()
 
 
 def _read_headers(f: _Counting, path: str, stats: Stats, quiet: bool = False) -> dict[bytes, bytes] | None:
