@@ -39,7 +39,7 @@ CRAWL_MODULES = (
     "tarfile tempfile threading timeit token tokenize trace traceback types typing unittest uuid wave "
     "weakref webbrowser xml zipfile zipimport zlib").split()
 BENCHMARK_MODULE = "statistics"  # its docstrings are the sample benchmark, not crawl pages
-EXACT_COPY_OF, NEAR_COPY_OF, LEAK_INTO = "collections", "configparser", "subprocess"
+EXACT_COPY_OF, NEAR_COPY_OF, LEAK_INTO = "itertools", "configparser", "subprocess"
 LEAKED_ITEM = 3  # benchmark line (1-based) planted into the LEAK_INTO page
 
 NAV = ('<header><nav class="menu"><a href="/">Home</a> | <a href="/docs/">Docs</a> | <a href="/blog/">Blog</a> | '

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import fsspec
 import numpy as np
 
-from data_pipeline.dedup.hashing import ngram_hashes, normalize, word_hashes
+from data_pipeline.dedup.hashing import normalize, window_hashes
 from data_pipeline.document import Stats
 from data_pipeline.recipe import DecontamCfg
 
@@ -27,7 +27,7 @@ TOKEN = re.compile(r"\S+")
 
 
 def doc_ngrams(text: str, n: int) -> np.ndarray:
-    return ngram_hashes(word_hashes(normalize(text, "janitor")), n, short=False)
+    return window_hashes(normalize(text, "janitor"), n, short=False)
 
 
 @dataclass
@@ -127,10 +127,10 @@ def cut(text: str, bad: np.ndarray, cfg: DecontamCfg) -> tuple[list[str], str | 
     """Remove every n-gram whose hash is in ``bad`` (sorted) with ``margin_chars`` each side.
     Returns the kept pieces and a drop reason (None if pieces survive)."""
     spans = [(m.start(), m.end()) for m in TOKEN.finditer(text)]
-    norm = [t for t in (text[a:b].lower().translate(_janitor_table()) for a, b in spans)]
+    norm = [normalize(text[a:b], "janitor").strip() for a, b in spans]
     keep = [i for i, t in enumerate(norm) if t]
-    words = " ".join(norm[i] for i in keep)
-    grams = ngram_hashes(word_hashes(words), cfg.n, short=False)
+    words = b" ".join(norm[i] for i in keep)
+    grams = window_hashes(words, cfg.n, short=False)
     pos = np.searchsorted(bad, grams)
     pos[pos == len(bad)] = 0
     hit = np.flatnonzero(bad[pos] == grams) if len(bad) else np.zeros(0, np.int64)
@@ -151,9 +151,3 @@ def cut(text: str, bad: np.ndarray, cfg: DecontamCfg) -> tuple[list[str], str | 
     if not pieces:
         return [], "decontam: nothing left after cutting"
     return pieces, None
-
-
-def _janitor_table():
-    from data_pipeline.dedup.hashing import _table
-
-    return _table("janitor")

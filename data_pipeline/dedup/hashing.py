@@ -1,22 +1,19 @@
 """Vectorised word and n-gram hashing, shared by MinHash dedup and decontamination.
 
-A text is normalised with one ``str.translate`` (a table built once for the whole Basic
-Multilingual Plane), encoded to UTF-8, and every whitespace-separated word gets a polynomial hash
-mod 2^64 computed from prefix sums over the bytes -- no Python-level loop per word -- followed by
-a 64-bit finaliser to spread the bits. N-gram hashes combine consecutive word hashes.
+A text is normalised to UTF-8 bytes (one ``bytes.translate``), and every window of n words gets
+a polynomial hash mod 2^64 of its bytes, computed from prefix sums over the whole text (no
+Python-level loop per word or per n-gram), followed by a 64-bit finaliser to spread the bits.
 """
 from __future__ import annotations
 
-import sys
-import unicodedata
-from functools import lru_cache
+import re
+import string
 
 import numpy as np
 
 _P = np.uint64(0x100000001B3)  # odd: invertible mod 2^64
 _P_INV = np.uint64(pow(int(_P), -1, 2**64))
 _MIX1, _MIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
-_NGRAM_MIX = np.uint64(0x9E3779B97F4A7C15)
 _powers = np.ones(1, dtype=np.uint64)
 _inv_powers = np.ones(1, dtype=np.uint64)
 
@@ -33,67 +30,65 @@ def _ensure_powers(n: int) -> None:
         _inv_powers = np.cumprod(inv_steps, dtype=np.uint64)
 
 
-@lru_cache(maxsize=2)
-def _table(mode: str) -> dict[int, str | None]:
-    """``minhash``: punctuation -> space, digits -> 0 (FineWeb's simplification);
-    ``janitor``: punctuation deleted (lm-eval-harness); both: any whitespace -> space."""
-    table: dict[int, str | None] = {}
-    for cp in range(min(sys.maxunicode, 0xFFFF) + 1):
-        ch = chr(cp)
-        cat = unicodedata.category(ch)
-        if ch.isspace():
-            table[cp] = " "
-        elif cat.startswith("P") or (cat.startswith("S") and mode == "minhash") or ch == "_":
-            table[cp] = " " if mode == "minhash" else None
-        elif mode == "minhash" and cat == "Nd":
-            table[cp] = "0"
-    return table
+_ASCII = bytes(range(128))
+_PUNCT = bytes(c for c in _ASCII if chr(c) in string.punctuation)
+_SPACE = bytes(c for c in _ASCII if chr(c).isspace())
+# minhash: punctuation -> space, digits -> 0 (FineWeb's simplification); janitor: punctuation
+# deleted (lm-eval-harness). Both: ASCII letters lowercased, any whitespace -> space.
+_MINHASH = bytes.maketrans(_PUNCT + _SPACE + b"0123456789", b" " * (len(_PUNCT) + len(_SPACE)) + b"0" * 10)
+_JANITOR = bytes.maketrans(_SPACE, b" " * len(_SPACE))
+_NON_ASCII_PUNCT = re.compile(r"[^\w\s\x00-\x7f]")
 
 
-def normalize(text: str, mode: str) -> str:
-    return text.lower().translate(_table(mode))
+_NON_ASCII_SPACE = re.compile(r"[^\S\x00-\x7f]")
 
 
-def word_hashes(normalized: str) -> np.ndarray:
-    """One uint64 hash per whitespace-separated word of an already normalised text."""
-    b = np.frombuffer(normalized.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+def normalize(text: str, mode: str) -> bytes:
+    """Lowercased UTF-8 with punctuation removed (``janitor``) or replaced by spaces and digits
+    folded to 0 (``minhash``); words are separated by one or more spaces. ASCII goes through one ``bytes.translate``;
+    NBSP (the usual non-ASCII character of web text) is replaced at the byte level; only text
+    with other non-ASCII characters takes regex passes for Unicode spaces and punctuation."""
+    data = text.lower().encode("utf-8", "surrogatepass")
+    if not data.isascii():
+        data = data.replace(b"\xc2\xa0", b" ")
+        if not data.isascii():
+            s = _NON_ASCII_SPACE.sub(" ", data.decode("utf-8", "surrogatepass"))
+            data = _NON_ASCII_PUNCT.sub(" " if mode == "minhash" else "", s).encode("utf-8", "surrogatepass")
+    return data.translate(_MINHASH) if mode == "minhash" else data.translate(_JANITOR, _PUNCT)
+
+
+def window_hashes(normalized: bytes, n: int, *, short: bool = True) -> np.ndarray:
+    """A uint64 hash of every run of ``n`` consecutive words of a normalised text (runs of spaces
+    count as one), computed from byte prefix sums: no Python-level loop per word. With fewer than
+    ``n`` words: one hash of the whole text when ``short`` (a short document still gets a MinHash
+    signature), else none."""
+    b = np.frombuffer(normalized, dtype=np.uint8)
+    space = b == 32
+    keep = ~space
+    keep[1:] |= space[1:] & ~space[:-1]  # the first space of each run
+    b = b[keep]
+    if len(b) and b[-1] == 32:
+        b = b[:-1]
     if len(b) == 0:
         return np.zeros(0, dtype=np.uint64)
-    space = b == 32
-    word = ~space
-    prev_space = np.empty_like(space)
-    prev_space[0], prev_space[1:] = True, space[:-1]
-    next_space = np.empty_like(space)
-    next_space[-1], next_space[:-1] = True, space[1:]
-    starts = np.flatnonzero(word & prev_space)
-    ends = np.flatnonzero(word & next_space) + 1
-    if len(starts) == 0:
-        return np.zeros(0, dtype=np.uint64)
+    gaps = np.flatnonzero(b == 32)
+    starts = np.concatenate(([0], gaps + 1))
+    ends = np.concatenate((gaps, [len(b)]))
+    if len(starts) < n:
+        if not short:
+            return np.zeros(0, dtype=np.uint64)
+        lo, hi = starts[:1], ends[-1:]
+    else:
+        lo, hi = starts[: len(starts) - n + 1], ends[n - 1:]
     _ensure_powers(len(b))
     with np.errstate(over="ignore"):
         prefix = np.zeros(len(b) + 1, dtype=np.uint64)
         np.cumsum((b.astype(np.uint64) + np.uint64(1)) * _powers[: len(b)], dtype=np.uint64, out=prefix[1:])
-        h = (prefix[ends] - prefix[starts]) * _inv_powers[starts]
-        h ^= (ends - starts).astype(np.uint64) << np.uint64(56)
+        h = (prefix[hi] - prefix[lo]) * _inv_powers[lo]
+        h ^= (hi - lo).astype(np.uint64) << np.uint64(48)
         h ^= h >> np.uint64(33)
         h *= _MIX1
         h ^= h >> np.uint64(33)
         h *= _MIX2
         h ^= h >> np.uint64(33)
     return h
-
-
-def ngram_hashes(hashes: np.ndarray, n: int, *, short: bool = True) -> np.ndarray:
-    """A hash for every run of ``n`` consecutive words. With fewer than ``n`` words: one hash of
-    all of them when ``short`` (MinHash: a short document still gets a signature), else none."""
-    m = len(hashes)
-    if m < n:
-        if not short or m == 0:
-            return np.zeros(0, dtype=np.uint64)
-        n = m
-    with np.errstate(over="ignore"):
-        out = hashes[: m - n + 1].copy()
-        for k in range(1, n):
-            out = out * _NGRAM_MIX + hashes[k: m - n + 1 + k]
-        out ^= out >> np.uint64(29)
-    return out
