@@ -97,7 +97,7 @@ class FineWebCfg:
 
 @dataclass
 class ClassifierCfg:
-    enabled: bool = False
+    enabled: bool = True  # runs when "classifier" is in stages
     model: Optional[str] = None  # written by `glm data train-classifier`
     alpha: float = 9.0  # keep iff pareto(alpha) > 1 - score (GPT-3)
     seed: int = 0

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--stage", help="run only this stage (all its tasks, or --task); for SLURM arrays")
     run.add_argument("--task", type=int, help="with --stage: run only this task")
     run.add_argument("--tasks", action="store_true", help="print each stage's task count as JSON and exit")
+    clf = dsub.add_parser("train-classifier", help="train GPT-3's quality classifier (positives: curated text, negatives: crawl)")
+    clf.add_argument("--positive", nargs="+", required=True, help="curated text: JSONL/Parquet/text/WARC paths or globs")
+    clf.add_argument("--negative", nargs="+", required=True, help="raw crawl: JSONL/Parquet/text/WARC paths or globs")
+    clf.add_argument("--out", required=True, help="model file (.npz) for the recipe's classifier.model")
+    clf.add_argument("--text-field", default="text")
+    clf.add_argument("--max-docs", type=int, default=100_000, help="per class")
+    clf.add_argument("--l2", type=float, default=0.1, help="L2 penalty (smaller: more confident scores)")
     task = dsub.add_parser("docstring-task", help="write the built-in classification task (docstring -> module) as JSONL")
     task.add_argument("--out", required=True)
 
@@ -95,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "config" and args.config_command == "keys":
         _print_keys()
         return 0
-    recipe = args.command == "data" and args.data_command == "run"  # a pipeline recipe, not a training config
+    recipe = args.command == "data" and args.data_command in ("run", "train-classifier")  # not a training config
     cfg = load_config(args.config, args.overrides) if not recipe and (getattr(args, "config", None)
                                                                        or hasattr(args, "overrides")) else None
     if args.command == "train":
@@ -135,6 +142,15 @@ def _run(args: argparse.Namespace) -> int:
         rows = docstring_task()
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{len(rows)} rows -> {args.out}")
+    elif args.command == "data" and args.data_command == "train-classifier":
+        from data_pipeline.filters.classifier import train
+        from data_pipeline.readers import load_texts
+
+        pos = load_texts(args.positive, args.text_field, args.max_docs)
+        neg = load_texts(args.negative, args.text_field, args.max_docs)
+        clf = train(pos, neg, l2=args.l2)
+        clf.save(args.out)
+        print(json.dumps(clf.info))
     elif args.command == "data" and args.data_command == "run":
         from data_pipeline.executors.local import run
         from data_pipeline.pipeline import Pipeline

@@ -432,3 +432,57 @@ def test_slurm_arrays_produce_the_same_output_as_the_local_pool(slurm_cluster, s
     logs = sorted((tmp_path / "slurm-logs").glob("glm-filter-*.out"))
     assert len(logs) == 4  # one log per array task
     assert run_files(out) == run_files(reference)
+
+
+# -- GPT-3 quality classifier -------------------------------------------------------------------------
+def classifier_data():
+    from data_pipeline.embedded import docstring_task
+
+    good = [r["text"] for r in docstring_task()]
+    rng = np.random.default_rng(0)
+    junk_vocab = ("buy cheap click here login cart price free shipping casino win deal offer now best sale "
+                  "discount subscribe follow like share bonus jackpot online order today limited").split()
+    good_vocab = " ".join(good).split()
+    bad = [" ".join(rng.choice(junk_vocab if rng.random() < 0.7 else good_vocab) for _ in range(int(rng.integers(15, 40))))
+           for _ in range(len(good))]
+    return good, bad
+
+
+def test_quality_classifier_separates_curated_text_from_junk_and_samples_by_pareto(tmp_path):
+    from data_pipeline.filters.classifier import QualityClassifier, keep, train
+
+    good, bad = classifier_data()
+    clf = train(good, bad, seed=0)
+    assert clf.info["heldout_accuracy"] > 0.9
+    clf.save(str(tmp_path / "m.npz"))
+    again = QualityClassifier.load(str(tmp_path / "m.npz"))
+    assert np.allclose(again.scores(good[:20]), clf.scores(good[:20]), atol=1e-5)
+    # GPT-3's rule: keep iff pareto(9) > 1 - score, i.e. P(keep) = (2 - score)^-9; seeded by document id.
+    for score in (1.0, 0.9, 0.5):
+        rate = np.mean([keep(f"doc{i}", score, 9.0, 0) for i in range(20000)])
+        assert abs(rate - (2 - score) ** -9) < 0.01
+    assert keep("doc1", 0.7, 9.0, 0) == keep("doc1", 0.7, 9.0, 0)
+
+
+def test_classifier_stage_in_a_recipe(tmp_path):
+    good, bad = classifier_data()
+    (tmp_path / "good.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in good[::2]))
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in bad[::2]))
+    model = tmp_path / "quality.npz"
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "train-classifier", "--positive",
+                           str(tmp_path / "good.jsonl"), "--negative", str(tmp_path / "bad.jsonl"), "--out", str(model)],
+                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mixed = [{"id": f"g{i}", "text": t} for i, t in enumerate(good[1::2])] + [{"id": f"b{i}", "text": t} for i, t in enumerate(bad[1::2])]
+    (tmp_path / "crawl.jsonl").write_text("".join(json.dumps(d) + "\n" for d in mixed))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", str(ROOT / "configs/data/gpt3.yaml"),
+                           f"input={tmp_path}/crawl.jsonl", f"output={out}", "benchmarks=[]", "stages=[classifier]",
+                           "classifier.enabled=true", f"classifier.model={model}", "workers=1"],
+                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = documents(out)
+    good_kept = sum(d["id"].startswith("g") for d in kept) / len(good[1::2])
+    bad_kept = sum(d["id"].startswith("b") for d in kept) / len(bad[1::2])
+    assert good_kept > 0.5 and bad_kept < 0.1, (good_kept, bad_kept)
+    assert all("quality_score" in d for d in kept)

@@ -132,3 +132,20 @@ def open_stream(path: str):
         stream = fsspec.open(path, "rb", compression="infer").open()
         return stream, stream.close, lambda: None
     return f, f.close, lambda: None
+
+
+def load_texts(patterns: list[str], text_field: str = "text", limit: int | None = None) -> list[str]:
+    """Texts from any readable input (WARC pages are extracted), e.g. to train the classifier."""
+    from data_pipeline.extract.html import extract
+    from data_pipeline.recipe import ExtractCfg
+
+    texts: list[str] = []
+    cfg, stats = ReaderCfg(text_field=text_field), Stats()
+    for path in expand_inputs(patterns):
+        for doc in read(path, cfg, stats):
+            if doc.payload is not None and extract(doc, ExtractCfg()) is not None:
+                continue
+            texts.append(doc.text)
+            if limit is not None and len(texts) >= limit:
+                return texts
+    return texts
