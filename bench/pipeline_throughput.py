@@ -187,7 +187,7 @@ def main() -> None:
         rows = [("glm-dist: read+extract+langid+4 rule sets", t_ours, kept_ours),
                 ("glm-dist: same, without language ID", t_ours_nolang, None),
                 ("datatrove: read+trafilatura+4 rule sets (no langid)", t_dt, kept_dt)]
-        print(f"| pipeline | docs/s | MB/s | kept | vs datatrove |\n|---|---:|---:|---:|---:|")
+        print("| pipeline | docs/s | MB/s | kept | vs datatrove |\n|---|---:|---:|---:|---:|")
         for name, t, kept in rows:
             print(f"| {name} | {n / t:.1f} | {size / 1e6 / t:.2f} | {kept if kept is not None else '-'} | {t_dt / t:.1f}x |")
         texts = extracted_texts(path)
@@ -201,7 +201,7 @@ def main() -> None:
             print("\nfirst disagreements:\n" + "\n".join(notes))
         mine, theirs = minhash_rates(texts)
         mb = sum(len(t.encode()) for t in texts) / 1e6
-        print(f"\n| MinHash, 112 permutations | docs/s | MB/s | speed-up |\n|---|---:|---:|---:|")
+        print("\n| MinHash, 112 permutations | docs/s | MB/s | speed-up |\n|---|---:|---:|---:|")
         print(f"| glm-dist (numpy, vectorised hashing) | {len(texts) / mine:.0f} | {mb / mine:.2f} | {theirs / mine:.1f}x |")
         print(f"| datasketch MinHash.update_batch | {len(texts) / theirs:.0f} | {mb / theirs:.2f} | 1.0x |")
 

@@ -111,7 +111,9 @@ def _junk_pages() -> list[tuple[str, str, bytes]]:
               "disposent désormais de plus de cent mille livres, revues et films. Le maire a remercié tous ceux qui ont "
               "participé au projet et a rappelé l'importance d'un lieu ouvert pour l'éducation et la rencontre. ") * 3
     spam = "Buy cheap watches online now. Best prices on cheap watches. " * 40
-    doc = lambda title, text: _page(title, [(title, [text])]).encode()
+    def doc(title: str, text: str) -> bytes:
+        return _page(title, [(title, [text])]).encode()
+
     return [
         ("http://lorem.example.org/", "text/html; charset=utf-8", doc("Lorem", lorem)),
         ("http://nav.example.org/", "text/html; charset=utf-8",

@@ -84,3 +84,29 @@ def run_glm(args: list[str], *, nproc: int = 1, check: bool = True, timeout: int
 def train_losses(out_dir: str | Path) -> list[float]:
     rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if r["kind"] == "train"]
+
+
+# -- the local SLURM cluster (tests/test_launch.py, tests/test_pipeline.py) -------------------------
+def _nodes_up() -> bool:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=20)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    return out.returncode == 0 and all(states.get(n, "down").rstrip("*") in ("idle", "mix", "alloc")
+                                       for n in ("node1", "node2"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local two-node cluster (.ci/run starts it; started here if it is not up). Never skipped:
+    if the daemons cannot start, the test fails with their logs."""
+    if not _nodes_up():
+        start = subprocess.run(["bash", str(ROOT / "slurm/local-cluster.sh"), "start"], capture_output=True, text=True)
+        if start.returncode != 0 or not _nodes_up():
+            pytest.fail(f"the local SLURM cluster did not start:\n{start.stdout}\n{start.stderr}")
+
+
+def job_info(job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm, train_losses
+from tests.conftest import FAST, ROOT, TINY, clean_env, job_info, run_glm, train_losses
 from tests.wandb_records import read_run
 
 pytestmark = pytest.mark.slow
@@ -23,36 +23,11 @@ def overrides(shards_dir: str, out_dir: Path, *extra: str) -> list[str]:
 
 
 # -- SLURM --------------------------------------------------------------------------------------
-def _nodes_up() -> bool:
-    try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=20)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return False
-    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
-    return out.returncode == 0 and all(states.get(n, "down").rstrip("*") in ("idle", "mix", "alloc")
-                                       for n in ("node1", "node2"))
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """The local two-node cluster (.ci/run starts it; started here if it is not up). Never skipped:
-    if the daemons cannot start, the test fails with their logs."""
-    if not _nodes_up():
-        start = subprocess.run(["bash", str(ROOT / "slurm/local-cluster.sh"), "start"], capture_output=True, text=True)
-        if start.returncode != 0 or not _nodes_up():
-            pytest.fail(f"the local SLURM cluster did not start:\n{start.stdout}\n{start.stderr}")
-
-
 def sbatch(args: list[str], cwd: Path) -> str:
     env = clean_env(threads=1) | {"GLM_VENV": sys.prefix}
     proc = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
-
-
-def job_info(job: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
-    return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
 
 def wait_for(job: str, log: Path, *, timeout: float = 400) -> dict[str, str]:

@@ -3,9 +3,7 @@ dedup and decontamination on the embedded sample crawl, resumption after a kill,
 from __future__ import annotations
 
 import gzip
-import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, clean_env
+from tests.conftest import ROOT, clean_env, job_info
 from data_pipeline.document import Document, Stats
 from data_pipeline.filters import quality
 from data_pipeline.filters.url import UrlFilter
 from data_pipeline.recipe import (C4Cfg, DecontamCfg, FineWebCfg, GopherQualityCfg, GopherRepetitionCfg, ReaderCfg,
-                                  UrlCfg, load_recipe)
+                                  UrlCfg)
 from data_pipeline.sample_crawl import response_records
 
 FINEWEB = str(ROOT / "configs/data/fineweb.yaml")
@@ -406,8 +404,7 @@ def test_frequent_benchmark_ngrams_are_ignored_and_missing_fields_reported(tmp_p
     assert documents(out2) == [] and json.loads((out2 / "contamination.json").read_text())["benchmarks"]["bench"]["dirty"] == 1
 
 
-# -- SLURM job arrays ---------------------------------------------------------------------------------
-from test_launch import job_info, slurm_cluster  # noqa: E402,F401  (the local two-node cluster fixture)
+# -- SLURM job arrays (the local two-node cluster: tests/conftest.py) --------------------------------
 
 
 @pytest.mark.slow
@@ -486,3 +483,14 @@ def test_classifier_stage_in_a_recipe(tmp_path):
     bad_kept = sum(d["id"].startswith("b") for d in kept) / len(bad[1::2])
     assert good_kept > 0.5 and bad_kept < 0.1, (good_kept, bad_kept)
     assert all("quality_score" in d for d in kept)
+
+
+def test_pipeline_output_feeds_tokenization(sample_run, tmp_path):
+    out, _ = sample_run
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "tokenize", "-c",
+                           str(ROOT / "configs/data/embedded-gpt2-bpe.yaml"), f"data.source={out}/documents/*.jsonl.gz",
+                           f"data.shards_dir={tmp_path}/shards", "data.vocab_size=1000", "data.encode_workers=1"],
+                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((tmp_path / "shards/manifest.json").read_text())
+    assert manifest["source"]["documents"] == len(documents(out)) and not manifest["source"]["skipped"]
