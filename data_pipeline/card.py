@@ -34,7 +34,7 @@ def write_card(out: str, recipe: Recipe, stats: Stats, clusters: dict, shards: l
                "contamination": clusters.get("contamination", {}), "shards": shards,
                "settings": {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("output", "workers", "input", "benchmarks")}}
     atomic_write_bytes(os.path.join(out, "stats.json"), json.dumps(summary, indent=1, default=str).encode())
-    _plot(rows, os.path.join(out, "funnel.png"))
+    _plot(rows, stats.languages.most_common(12), reasons[:12], os.path.join(out, "funnel.png"))
     lines = [f"# Data card: {recipe.name}", "",
              f"{len(inputs)} input file(s) -> {rows[-1]['documents'] if rows else 0} documents in {len(shards)} shard(s) "
              "(`documents/*.jsonl.gz`, one JSON object per line: id, text and metadata).", "",
@@ -63,21 +63,27 @@ def write_card(out: str, recipe: Recipe, stats: Stats, clusters: dict, shards: l
     atomic_write_bytes(os.path.join(out, "README.md"), ("\n".join(lines) + "\n").encode())
 
 
-def _plot(rows: list[dict], path: str) -> None:
+def _plot(rows: list[dict], languages: list[tuple[str, int]], reasons: list[tuple[str, int]], path: str) -> None:
+    """Four panels: documents and MB left after each stage, languages, top drop reasons."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(rows) + 1.5))
+    height = 0.4 * max(len(rows), len(reasons), len(languages), 4) + 1.5
+    fig, axes = plt.subplots(2, 2, figsize=(13, 2 * height))
     names = [r["stage"] for r in rows][::-1]
-    for ax, key, label in ((axes[0], "documents", "documents left"), (axes[1], "bytes", "MB left")):
-        values = [r[key] / (1e6 if key == "bytes" else 1) for r in rows][::-1]
-        ax.barh(names, values, color="#4c72b0")
-        ax.set_xlabel(label)
+    panels = [(axes[0][0], names, [r["documents"] for r in rows][::-1], "documents left after each stage"),
+              (axes[0][1], names, [r["bytes"] / 1e6 for r in rows][::-1], "MB left after each stage"),
+              (axes[1][0], [k for k, _ in languages][::-1], [n for _, n in languages][::-1], "documents by language (identified)"),
+              (axes[1][1], [k[:48] for k, _ in reasons][::-1], [n for _, n in reasons][::-1], "top drop reasons (documents)")]
+    for ax, labels, values, title in panels:
+        ax.barh(labels, values, color="#4c72b0")
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="y", labelsize=8)
     fig.suptitle("glm-dist data pipeline funnel")
     fig.tight_layout()
     tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=90, metadata={"Software": None})
+    fig.savefig(tmp, dpi=80, metadata={"Software": None})
     plt.close(fig)
     os.replace(tmp, path)

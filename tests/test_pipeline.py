@@ -202,6 +202,38 @@ def test_xhtml_served_as_html_and_declared_charsets_are_extracted(tmp_path):
     assert docs[0].text.startswith("Café society.") and docs[1].text.startswith("Café society.")
 
 
+def test_undecodable_pages_are_dropped_with_their_reason():
+    from data_pipeline.extract.html import extract
+    from data_pipeline.recipe import ExtractCfg
+
+    noise = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8).tobytes()
+    doc = Document("x", "", {"content_type": "text/html", "charset": "utf-8"}, payload=b"<p>" + noise + b"</p>")
+    assert extract(doc, ExtractCfg()) == "extract: undecodable text"
+    one_bad = b"<p>" + PROSE.encode() + b" \xff " + PROSE.encode() + b"</p>"  # a stray byte is tolerated
+    doc = Document("y", "", {"content_type": "text/html", "charset": "utf-8"}, payload=one_bad)
+    assert extract(doc, ExtractCfg()) is None and "\ufffd" in doc.text
+
+
+def test_inputs_over_http(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "crawl.warc.gz").write_bytes(response_records("https://h.example/", "text/html", html_page("h")))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        from data_pipeline.readers import expand_inputs
+
+        url = f"http://127.0.0.1:{server.server_port}/crawl.warc.gz"
+        assert expand_inputs([url]) == [url]
+        docs, stats = read_all(url)
+        assert [d.meta["url"] for d in docs] == ["https://h.example/"] and not stats.errors
+    finally:
+        server.shutdown()
+
+
 def test_jsonl_zst_parquet_and_bad_lines(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

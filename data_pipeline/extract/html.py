@@ -12,7 +12,7 @@ import codecs
 import re
 
 from resiliparse.extract.html2text import extract_plain_text
-from resiliparse.parse.encoding import bytes_to_str, detect_encoding
+from resiliparse.parse.encoding import detect_encoding
 from resiliparse.parse.html import HTMLTree
 
 from data_pipeline.document import Document
@@ -62,21 +62,23 @@ def extract(doc: Document, cfg: ExtractCfg) -> str | None:
     if not payload.strip():
         return "extract: empty payload"
     declared = _known(doc.meta.get("charset"))
-    if mime in HTML_TYPES and (mime or _sniff_html(payload)):
-        encoding = choose_encoding(payload, declared)
-        tree = HTMLTree.parse_from_bytes(payload, encoding)
-        text = extract_plain_text(tree, main_content=cfg.main_content, alt_texts=False, links=False,
-                                  form_fields=False, noscript=False, list_bullets=True)
-        doc.meta["charset"] = encoding
-    elif mime in TEXT_TYPES or mime.startswith("text/"):
-        encoding = choose_encoding(payload, declared)
-        text = bytes_to_str(payload, encoding)
-        doc.meta["charset"] = encoding
-    else:
+    is_html = mime in HTML_TYPES and (mime or _sniff_html(payload))
+    if not is_html and not (mime in TEXT_TYPES or mime.startswith("text/")):
         return f"extract: unsupported content type {mime.split('/')[0]}/*"
+    encoding = choose_encoding(payload, declared)
+    doc.meta["charset"] = encoding
+    try:
+        decoded = payload.decode(encoding)
+    except UnicodeDecodeError:  # bytes the charset cannot decode: replaced, and counted below
+        decoded = payload.decode(encoding, "replace")
+        if decoded.count("\ufffd") > cfg.max_replacement_frac * len(decoded):
+            return "extract: undecodable text"
+    if is_html:
+        text = extract_plain_text(HTMLTree.parse(decoded), main_content=cfg.main_content, alt_texts=False,
+                                  links=False, form_fields=False, noscript=False, list_bullets=True)
+    else:
+        text = decoded
     if not text.strip():
         return "extract: no text"
-    if text.count("\ufffd") > cfg.max_replacement_frac * len(text):
-        return "extract: undecodable text"
     doc.text = text.strip()
     return None
