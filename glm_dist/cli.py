@@ -80,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write finetune.json and the classifier weights here")
 
+    p = sub.add_parser("plan", help="memory per GPU of every (DP, PP, TP, ZeRO, offload) layout, and the one to use")
+    _config_args(p)
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the cluster")
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="GB per GPU (default 80)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--show", type=int, default=20, help="layouts listed")
+    p.add_argument("--json", action="store_true", help="all layouts as JSON")
+
     sub.add_parser("launch", help="torchrun with defaults (see glm launch --help)")
     sub.add_parser("slurm", help="glm slurm submit -c CONFIG --nodes N ... (see glm slurm submit --help)")
     return parser
@@ -142,6 +150,21 @@ def _run(args: argparse.Namespace) -> int:
         rows = docstring_task()
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{len(rows)} rows -> {args.out}")
+    elif args.command == "plan":
+        from glm_dist.config.checks import model_config, seq_len
+        from glm_dist.parallel.plan import format_plan, model_shape, plan, recommend
+
+        shape = model_shape(cfg.model.family, model_config(cfg))
+        layouts = plan(shape, gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq_len=seq_len(cfg),
+                       micro_batch=cfg.train.micro_batch_size, micro_batches=cfg.train.grad_accum_steps,
+                       precision="fp32" if cfg.train.precision == "fp32" else "bf16")
+        best, ckpt = recommend(layouts, args.gpu_mem, checkpointing=True if cfg.train.activation_checkpointing else None)
+        if args.json:
+            print(json.dumps({"layouts": [vars(lay) for lay in layouts], "recommended": vars(best) if best else None,
+                              "activation_checkpointing": ckpt}, indent=1))
+        else:
+            print(format_plan(f"{cfg.model.family}/{cfg.model.flavor}", shape, layouts, best, ckpt, args.gpus,
+                              args.gpu_mem, cfg.train.grad_accum_steps, args.show))
     elif args.command == "data" and args.data_command == "train-classifier":
         from data_pipeline.filters.classifier import train
         from data_pipeline.readers import load_texts

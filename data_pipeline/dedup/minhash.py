@@ -24,7 +24,7 @@ _SHIFT = np.uint64(32)
 
 def exact_key(text: str) -> tuple[int, int]:
     """128-bit hash of the text lowercased with whitespace folded, as two uint64."""
-    h = xxhash.xxh3_128_intdigest(" ".join(text.lower().split()))
+    h = xxhash.xxh3_128_intdigest(" ".join(text.lower().split()).encode("utf-8", "surrogatepass"))
     return h >> 64, h & 0xFFFFFFFFFFFFFFFF
 
 

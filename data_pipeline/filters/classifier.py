@@ -68,7 +68,7 @@ class QualityClassifier:
 
 
 def keep(doc_id: str, score: float, alpha: float, seed: int) -> bool:
-    rng = np.random.default_rng(xxhash.xxh64_intdigest(f"{seed}:{doc_id}"))
+    rng = np.random.default_rng(xxhash.xxh64_intdigest(f"{seed}:{doc_id}".encode()))
     return bool(rng.pareto(alpha) > 1.0 - score)
 
 

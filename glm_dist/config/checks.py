@@ -70,13 +70,15 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 1 ({where('train.' + key)})")
-    actual = t.micro_batch_size * t.grad_accum_steps * world_size
+    check_parallel_layout(cfg, world_size)
+    dp = world_size // (cfg.parallel.pipeline_stages * cfg.parallel.tensor_parallel)
+    actual = t.micro_batch_size * t.grad_accum_steps * dp
     if t.global_batch_size is not None and t.global_batch_size != actual:
         raise ConfigError(
             f"train.global_batch_size={t.global_batch_size} ({where('train.global_batch_size')}) != "
             f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x "
-            f"data-parallel size {world_size} = {actual}; change grad_accum_steps to "
-            f"{t.global_batch_size / (t.micro_batch_size * world_size):g} or the batch sizes")
+            f"data-parallel size {dp} = {actual}; change grad_accum_steps to "
+            f"{t.global_batch_size / (t.micro_batch_size * dp):g} or the batch sizes")
     if t.warmup_steps > t.max_steps and t.schedule != "inverse_sqrt":
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} > train.max_steps={t.max_steps} "
                           f"({where('train.warmup_steps')})")
@@ -93,3 +95,18 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if p.offload_optimizer and p.zero_stage == 0:
         raise ConfigError(f"parallel.offload_optimizer needs parallel.zero_stage >= 1 "
                           f"(it is 0; {where('parallel.offload_optimizer')})")
+    if p.offload_params and p.zero_stage != 3:
+        raise ConfigError(f"parallel.offload_params needs parallel.zero_stage=3 (it is {p.zero_stage}; "
+                          f"{where('parallel.offload_params')})")
+
+
+def check_parallel_layout(cfg: Config, world_size: int) -> None:
+    """The data x pipeline x tensor layout: sizes that multiply to the world size and divide the model."""
+    from glm_dist.parallel.topology import Topology, check_layout
+
+    p, mc = cfg.parallel, model_config(cfg)
+    topo = Topology.for_world(world_size, p.pipeline_stages, p.tensor_parallel)
+    layers = mc.n_layer * (2 if cfg.model.family in ("t5", "bart") else 1)
+    check_layout(topo, n_layer=layers, n_head=mc.n_head, ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model,
+                 vocab=mc.vocab_size, zero_stage=p.zero_stage, gpus_per_node=p.gpus_per_node,
+                 offload_params=p.offload_params)

@@ -31,6 +31,7 @@ from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
 from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
+from glm_dist.parallel.topology import Topology
 from glm_dist.train.checkpoint import CheckpointManager
 from glm_dist.train.errors import Preempted, TrainingDiverged
 from glm_dist.train.preemption import StopRequest
@@ -63,12 +64,18 @@ class Trainer:
         model = build_model(cfg.model.family, self.model_cfg)
         model.activation_checkpointing = cfg.train.activation_checkpointing
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
+        p = cfg.parallel
+        self.topo = Topology.for_world(self.dist.world_size, p.pipeline_stages, p.tensor_parallel)
+        self.pipelined = self.topo.pipeline > 1
+        if self.pipelined:
+            model = self._pipeline(model)
+        dp_rank, dp_size = self.topo.coords(self.dist.rank)["data"], self.topo.data
         self.optimizer = build_optimizer(model, cfg.train)
-        self.engine = build_engine(model, self.optimizer, cfg, dp_size=self.dist.world_size)
+        self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size)
         loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective),
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
-                           grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=self.dist.rank,
-                           dp_size=self.dist.world_size, seed=cfg.train.seed, shuffle_window=cfg.data.shuffle_window)
+                           grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=dp_rank,
+                           dp_size=dp_size, seed=cfg.train.seed, shuffle_window=cfg.data.shuffle_window)
         self.loader = (WorkerLoader(cfg.data.shards_dir, num_workers=cfg.data.num_workers, **loader_args)
                        if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
         self.state = TrainState()
@@ -76,8 +83,8 @@ class Trainer:
             self._restore(self.resume_from)
         self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len, objective=cfg.objective.name,
                                               micro_batch_size=cfg.train.micro_batch_size,
-                                              num_batches=cfg.train.eval_batches, dp_rank=self.dist.rank,
-                                              dp_size=self.dist.world_size)
+                                              num_batches=cfg.train.eval_batches, dp_rank=dp_rank,
+                                              dp_size=dp_size)
         tok = Tokenizer.from_file(f"{cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}")
         self.byte_lengths = byte_length_table(tok, self.model_cfg.vocab_size)
         self.autocast = (torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
@@ -89,12 +96,29 @@ class Trainer:
         self.peak_flops = peak_flops() or (measure_matmul_peak(
             torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16, seconds=0.5) if self.dist.is_main else None)
 
+    def _pipeline(self, model):
+        """The model cut into ``parallel.pipeline_stages`` DeepSpeed pipeline stages."""
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+        from glm_dist.parallel.pipeline import gpt_pipeline
+
+        cfg = self.cfg
+        if self.topo.tensor > 1:
+            raise ConfigError("parallel.tensor_parallel > 1 is planned by glm plan but glm train does not run it yet")
+        if cfg.model.family != "gpt" or cfg.objective.name != "clm":
+            raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={self.topo.pipeline}) runs the GPT family "
+                              f"(clm) so far, not {cfg.model.family}/{cfg.objective.name}")
+        topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=1, num_dp=self.topo.data)
+        return gpt_pipeline(model, stages=self.topo.pipeline, topology=topology,
+                            checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> dict:
         t, start = self.cfg.train, self.state.step
         self.log.message(f"model: {self.cfg.model.family}/{self.cfg.model.flavor}, "
                          f"{sum(p.numel() for p in self.engine.module.parameters()):,} parameters; "
                          f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
+                         + (f"; {self.topo.describe()}" if self.pipelined else "")
                          + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else ""))
         before = self.validate()
         end = min(t.max_steps, t.stop_at_step or t.max_steps)
@@ -130,6 +154,14 @@ class Trainer:
         t0 = time.perf_counter()
         step = self.state.step
         set_lr(self.engine, lr_at(step, self.cfg.train))
+        if self.pipelined:  # DeepSpeed runs the micro batches through the stages (1F1B) and steps
+            dev = self.engine.device
+            batches = [(b["input_ids"].to(dev), b["labels"].to(dev)) for b in self.loader.next_step()]
+            mean_loss = float(self.engine.train_batch(iter(batches)))  # the mean over all micro batches and replicas
+            self.state.step += 1
+            self.state.tokens += self.loader.global_batch_size * self.seq_len
+            self._log_step(mean_loss, time.perf_counter() - t0)
+            return
         losses, bad = [], False
         for batch in self.loader.next_step():
             with self.autocast:
@@ -180,6 +212,12 @@ class Trainer:
         self.log.train_step(self.state.step, metrics)
 
     def validate(self) -> dict:
+        if self.pipelined:
+            from glm_dist.parallel.pipeline import pipeline_validate
+
+            metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths)
+            self.log.validation(self.state.step, metrics)
+            return metrics
         self.engine.eval()
         with self.autocast:
             metrics = evaluate(self.engine, self.val_batches, byte_lengths=self.byte_lengths,

@@ -1,0 +1,170 @@
+"""3D-parallel layouts: the topology's axes and its errors, and glm plan against DeepSpeed's own
+memory estimators."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from glm_dist.config.loader import ConfigError, load_config
+from glm_dist.config.checks import model_config, validate
+from glm_dist.parallel.plan import model_shape, model_state_bytes, plan, recommend, stage_params
+from glm_dist.parallel.topology import Topology
+from tests.conftest import ROOT, TINY, clean_env
+
+
+def test_topology_names_the_axes_and_checks_the_world_size():
+    topo = Topology.for_world(8, pipeline=2, tensor=2)
+    assert (topo.data, topo.pipeline, topo.tensor) == (2, 2, 2)
+    assert [topo.coords(r) for r in (0, 1, 2, 7)] == [{"tensor": 0, "data": 0, "pipeline": 0},
+                                                       {"tensor": 1, "data": 0, "pipeline": 0},
+                                                       {"tensor": 0, "data": 1, "pipeline": 0},
+                                                       {"tensor": 1, "data": 1, "pipeline": 1}]
+    assert topo.group("tensor", 2) == [2, 3] and topo.group("data", 1) == [1, 3] and topo.group("pipeline", 3) == [3, 7]
+    # The same order as DeepSpeed's pipeline topology (pipe outermost, model innermost).
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    ds = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
+    assert all(ds.get_coord(r).pipe == topo.coords(r)["pipeline"] and ds.get_coord(r).data == topo.coords(r)["data"]
+               and ds.get_coord(r).model == topo.coords(r)["tensor"] for r in range(8))
+    assert all(topo.rank(**topo.coords(r)) == r for r in range(8))
+    with pytest.raises(ConfigError, match="world size 6 is not divisible by pipeline_stages 2 x tensor_parallel 2 = 4"):
+        Topology.for_world(6, pipeline=2, tensor=2)
+
+
+@pytest.mark.parametrize("world, overrides, message", [
+    (6, ["parallel.tensor_parallel=3"], "tensor_parallel=3 does not divide the attention heads"),
+    (8, ["parallel.pipeline_stages=2", "parallel.zero_stage=3"], "runs with ZeRO stage 0 or 1 only"),
+    (8, ["parallel.pipeline_stages=8"], "pipeline_stages=8 is more than the model's 4 layers"),
+    (8, ["parallel.tensor_parallel=4", "parallel.gpus_per_node=2"], "exceeds the 2 GPUs of a node"),
+    (8, ["parallel.offload_params=true", "parallel.zero_stage=2"], "offload_params needs parallel.zero_stage=3"),
+])
+def test_bad_layouts_are_refused_with_the_numbers(world, overrides, message):
+    cfg = load_config(TINY, overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg, world_size=world)
+
+
+def test_bad_world_size_is_refused_before_training():
+    cfg = load_config(TINY, ["parallel.pipeline_stages=2", "parallel.tensor_parallel=2"])
+    with pytest.raises(ConfigError, match="world size 6 is not divisible"):
+        validate(cfg, world_size=6)
+    validate(cfg, world_size=8)
+
+
+def shape_of(flavor: str):
+    cfg = load_config(TINY, [f"model.flavor={flavor}", "model.vocab_size=50257", "model.context_length=1024"])
+    return model_shape("gpt", model_config(cfg))
+
+
+@pytest.mark.parametrize("gpus", [8, 64])
+def test_plan_model_states_match_deepspeeds_estimators(gpus):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    shape = shape_of("gpt2-xl")
+    assert abs(shape.params - 1.558e9) / 1.558e9 < 0.01
+    P, L = shape.params, shape.largest_layer
+    cases = [
+        (2, "none", estimate_zero2_model_states_mem_needs(P, gpus, 1, cpu_offload=False)[1]),
+        (2, "optimizer", estimate_zero2_model_states_mem_needs(P, gpus, 1, cpu_offload=True)[1]),
+        (3, "none", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=False)[1]),
+        (3, "optimizer", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=False)[1]),
+        (3, "optimizer+params", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=True)[1]),
+    ]
+    for zero, offload, theirs in cases:
+        ours = sum(model_state_bytes(P, L, gpus, zero, offload)[:3])
+        assert abs(ours - theirs) / theirs < 0.10, (zero, offload, ours, theirs)
+
+
+def test_plan_splits_stages_by_parameters_and_reports_the_bubble():
+    assert stage_params([10, 1, 1, 1, 1, 10], 2) == [12, 12]
+    assert stage_params([5, 5, 5, 5], 4) == [5, 5, 5, 5]
+    shape = shape_of("gpt2-xl")
+    layouts = plan(shape, gpus=16, seq_len=1024, micro_batch=1, micro_batches=8)
+    pp4 = next(lay for lay in layouts if (lay.pp, lay.tp, lay.zero) == (4, 1, 1))
+    assert pp4.bubble == pytest.approx(3 / (8 + 4 - 1))
+    assert all(lay.zero <= 1 for lay in layouts if lay.pp > 1)  # DeepSpeed's pipeline engine: ZeRO 0/1
+    assert all(25 % lay.tp == 0 for lay in layouts)  # gpt2-xl has 25 heads
+    one = next(lay for lay in layouts if (lay.pp, lay.tp, lay.zero, lay.offload) == (1, 1, 0, "none"))
+    assert one.activations_ckpt < one.activations
+    best, _ = recommend(layouts, 80)
+    assert best is not None and best.total(True) <= 80 * 2**30
+
+
+def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "plan", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
+                           "model.flavor=gpt3-175b", "model.vocab_size=50257", "data.seq_len=2048", "train.micro_batch_size=1",
+                           "train.grad_accum_steps=64", "--gpus", "512", "--gpu-mem", "80", "--json"],
+                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    best = out["recommended"]
+    assert best["dp"] * best["pp"] * best["tp"] == 512 and best["pp"] * best["tp"] > 1  # 175B never fits unsplit
+    total = best["weights"] + best["grads"] + best["optimizer"] + (best["activations_ckpt"] if out["activation_checkpointing"] else best["activations"])
+    assert total <= 0.9 * 80 * 2**30
+
+
+# -- pipeline parallelism on the CPU (gloo): the same loss per step as one process ---------------------
+PIPE = ["model.n_layer=4", "model.d_model=64", "model.n_head=4", "data.seq_len=64", "train.micro_batch_size=2",
+        "train.warmup_steps=2", "train.eval_batches=2", "train.eval_interval=0", "train.save_interval=0",
+        "train.plot=false", "logging.wandb=false", "logging.progress=false", "train.precision=fp32",
+        "train.lr=3e-3", "train.max_steps=6", "logging.log_interval=1"]  # gradient clipping at 1.0 stays on
+PIPE_TOL = 1e-5  # fp32; pipelines differ from one process only in summation order
+
+
+def pipe_run(shards_dir, out, *extra, nproc=1):
+    from tests.conftest import run_glm
+
+    run_glm(["train", "-c", TINY, *PIPE, f"data.shards_dir={shards_dir}", f"train.out_dir={out}", *extra], nproc=nproc)
+    from tests.conftest import train_losses
+
+    return train_losses(out)
+
+
+@pytest.fixture(scope="module")
+def one_process(shards_dir, tmp_path_factory):
+    """Global batch 2 x 8 = 16 sequences per step, one process."""
+    return pipe_run(shards_dir, tmp_path_factory.mktemp("pipe-ref"), "train.grad_accum_steps=8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, layout", [
+    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]),  # PP=2, 8 micro batches
+    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # + ZeRO-1
+    (4, ["parallel.pipeline_stages=4", "train.grad_accum_steps=8"]),  # PP=4
+    (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
+], ids=["pp2", "pp2-zero1", "pp4", "dp2xpp2"])
+def test_pipeline_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process):
+    losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
+    assert len(losses) == len(one_process) == 6
+    assert max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
+
+
+@pytest.mark.slow
+def test_pipeline_checkpoint_resumes_with_the_same_losses(shards_dir, tmp_path, one_process):
+    layout = ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]
+    first = pipe_run(shards_dir, tmp_path, *layout, "train.stop_at_step=3", nproc=2)
+    assert len(first) == 3 and (tmp_path / "checkpoints/step_00000003").exists()
+    both = pipe_run(shards_dir, tmp_path, *layout, nproc=2)  # resume=auto
+    assert len(both) == 6
+    assert max(abs(a - b) for a, b in zip(both, one_process)) <= PIPE_TOL
+
+
+def test_pipeline_stages_carry_the_models_own_weights():
+    """The stages are cut from the same layer classes and start from the whole model's weights."""
+    import torch
+
+    from glm_dist.models.gpt import GPT, gpt_config
+    from glm_dist.parallel.pipeline import _source_name
+
+    model = GPT(gpt_config("tiny", n_layer=2))
+    names = set(model.state_dict())
+    keys = ["tied_modules.embed.wte.weight", "tied_modules.embed.wpe.weight", "1.ln_1.weight", "2.mlp.proj.bias",
+            "3.weight", "3.bias"]
+    mapped = [_source_name(k, 2) for k in keys]
+    assert mapped == ["embed.wte.weight", "embed.wpe.weight", "blocks.0.ln_1.weight", "blocks.1.mlp.proj.bias",
+                      "head.ln_f.weight", "head.ln_f.bias"]
+    assert set(mapped) <= names and torch.equal(model.state_dict()["head.lm_head.weight"], model.state_dict()["embed.wte.weight"])
