@@ -3,8 +3,9 @@
 The GPT layer list -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, the final LayerNorm, the output
 projection -- becomes layer specs of the same classes; the output projection is a ``TiedLayerSpec``
 of the token embedding, so the first and the last stage hold the same matrix and DeepSpeed
-all-reduces its gradient between them. Stages are balanced by parameter count (or uniformly, or by
-layer type). The stage's weights are then copied from the whole model built with the run's seed,
+all-reduces its gradient between them. Stages get equal numbers of transformer blocks (DeepSpeed's
+``type:GPTBlock``; the embedding joins the first, the final norm and output the last), which also
+keeps a block on every stage: a stage holding only the tied output copy hangs ZeRO-1. The stage's weights are then copied from the whole model built with the run's seed,
 so a pipelined run starts from the same weights as an unpipelined one and follows the same loss
 trajectory. (Building the whole model first is fine up to what one host holds; beyond that,
 construct on the meta device.)
@@ -35,21 +36,20 @@ def _logits(module: TiedOutput, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.wte.weight)
 
 
-def _embed(module: GPTEmbedding, input_ids: torch.Tensor) -> torch.Tensor:
-    return module(input_ids)
-
-
 def clm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy, exactly ``objectives.clm.token_losses(...).mean()``."""
     return clm.token_losses(logits, {"labels": labels}).mean()
 
 
-def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition_method: str = "parameters",
+def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition_method: str = "type:GPTBlock",
                  checkpoint_interval: int = 0):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
-    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, forward_fn=_embed, tied_weight_attr=["wte.weight"]),
+    # The embedding is its own forward (a module in DeepSpeed's layer list, so its weights are saved
+    # with the checkpoint); the output projection reuses it through a function, and DeepSpeed
+    # re-broadcasts the tied matrix from the first stage after a load.
+    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
              *[LayerSpec(GPTBlock, cfg, i) for i in range(cfg.n_layer)],
              LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
              TiedLayerSpec(TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits,

@@ -7,8 +7,8 @@ ZeRO-2 the 16-bit grads too, ZeRO-3 everything (plus 4 bytes per parameter of th
 gathered while it runs); offload moves the partitioned states (and with ``offload_params`` the
 weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead.
 
-With pipeline parallelism a rank holds one stage's parameters (balanced by parameter count; the
-tied token embedding sits on the first and the last stage); with tensor parallelism the matrices
+With pipeline parallelism a rank holds one stage's parameters (the layers split evenly by count, as
+glm train partitions them; the tied token embedding sits on the first and the last stage); with tensor parallelism the matrices
 are split ``tp`` ways. Activations per layer and micro-batch follow Korthikanti et al. (2022) for
 a fused-attention transformer (no s x s score matrix kept): ``s*b*h*(10 + 24/tp)`` bytes in 16-bit,
 ``2*s*b*h`` with activation checkpointing (the layer input) plus one layer recomputed; the first
@@ -84,6 +84,17 @@ def stage_params(units: list[int], stages: int) -> list[int]:
     return out + [0] * (stages - len(out))
 
 
+def stage_params_by_layers(units: list[int], stages: int) -> list[int]:
+    """Parameters per stage when the layers between the first unit (embedding) and the last (head)
+    are split evenly by count -- glm train's partition (DeepSpeed ``type:GPTBlock``)."""
+    inner = units[1:-1]
+    bounds = [round(len(inner) * i / stages) for i in range(stages + 1)]
+    out = [sum(inner[bounds[i]:bounds[i + 1]]) for i in range(stages)]
+    out[0] += units[0]
+    out[-1] += units[-1] if len(units) > 1 else 0
+    return out
+
+
 @dataclass
 class Layout:
     dp: int
@@ -141,7 +152,7 @@ def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, 
         if gpus % (tp * pp) or shape.n_head % tp or shape.ffn % tp:
             continue
         dp = gpus // (tp * pp)
-        stages = stage_params(shape.units, pp)
+        stages = stage_params_by_layers(shape.units, pp)
         rank_params = max(stages) / tp
         largest = shape.largest_layer / tp
         layers_per_stage = -(-shape.n_layer // pp)
