@@ -155,16 +155,19 @@ def _run(args: argparse.Namespace) -> int:
         from glm_dist.parallel.plan import format_plan, model_shape, plan, recommend
 
         shape = model_shape(cfg.model.family, model_config(cfg))
+        t, par = cfg.train, cfg.parallel
+        global_batch = t.global_batch_size or t.micro_batch_size * t.grad_accum_steps * max(
+            1, args.gpus // (par.pipeline_stages * par.tensor_parallel))
         layouts = plan(shape, gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq_len=seq_len(cfg),
-                       micro_batch=cfg.train.micro_batch_size, micro_batches=cfg.train.grad_accum_steps,
-                       precision="fp32" if cfg.train.precision == "fp32" else "bf16")
+                       micro_batch=t.micro_batch_size, global_batch=global_batch,
+                       precision="fp32" if t.precision == "fp32" else "bf16")
         best, ckpt = recommend(layouts, args.gpu_mem, checkpointing=True if cfg.train.activation_checkpointing else None)
         if args.json:
             print(json.dumps({"layouts": [vars(lay) for lay in layouts], "recommended": vars(best) if best else None,
                               "activation_checkpointing": ckpt}, indent=1))
         else:
             print(format_plan(f"{cfg.model.family}/{cfg.model.flavor}", shape, layouts, best, ckpt, args.gpus,
-                              args.gpu_mem, cfg.train.grad_accum_steps, args.show))
+                              args.gpu_mem, global_batch, args.show))
     elif args.command == "data" and args.data_command == "train-classifier":
         from data_pipeline.filters.classifier import train
         from data_pipeline.readers import load_texts

@@ -101,10 +101,12 @@ def test_every_published_recipe_validates_at_its_cluster_layout():
     assert len(recipes) >= 6
     for path in recipes:
         cfg = load_config(path)
-        world = cfg.train.global_batch_size // cfg.train.micro_batch_size
+        t, p = cfg.train, cfg.parallel
+        model_parallel = p.pipeline_stages * p.tensor_parallel
+        world = t.global_batch_size // (t.micro_batch_size * t.grad_accum_steps) * model_parallel
         validate(cfg, world_size=world)
         with pytest.raises(ConfigError, match="global_batch_size"):
-            validate(cfg, world_size=world + 1)
+            validate(cfg, world_size=world + model_parallel)
 
 
 def test_t5_inverse_sqrt_schedule_is_flat_during_warmup_then_decays():

@@ -84,8 +84,9 @@ def test_plan_splits_stages_by_parameters_and_reports_the_bubble():
     assert stage_params([5, 5, 5, 5], 4) == [5, 5, 5, 5]
     assert stage_params_by_layers([100, 5, 5, 5, 5, 100], 2) == [110, 110]
     shape = shape_of("gpt2-xl")
-    layouts = plan(shape, gpus=16, seq_len=1024, micro_batch=1, micro_batches=8)
+    layouts = plan(shape, gpus=16, seq_len=1024, micro_batch=1, global_batch=32)
     pp4 = next(lay for lay in layouts if (lay.pp, lay.tp, lay.zero) == (4, 1, 1))
+    assert pp4.dp == 4 and pp4.micro_batches == 8  # the global batch stays 32 in every layout
     assert pp4.bubble == pytest.approx(3 / (8 + 4 - 1))
     assert all(lay.zero <= 1 for lay in layouts if lay.pp > 1)  # DeepSpeed's pipeline engine: ZeRO 0/1
     assert all(25 % lay.tp == 0 for lay in layouts)  # gpt2-xl has 25 heads
@@ -103,7 +104,11 @@ def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     best = out["recommended"]
-    assert best["dp"] * best["pp"] * best["tp"] == 512 and best["pp"] * best["tp"] > 1  # 175B never fits unsplit
+    assert best["dp"] * best["pp"] * best["tp"] == 512
+    assert best["micro_batches"] * best["dp"] == 64 * 512  # the configured global batch, in every layout
+    # Unsplit and unsharded, 175B cannot fit: every layout that fits splits the model or shards it.
+    fitting = [lay for lay in out["layouts"] if lay["weights"] + lay["grads"] + lay["optimizer"] <= 0.9 * 80 * 2**30]
+    assert fitting and all(lay["pp"] * lay["tp"] > 1 or lay["zero"] == 3 for lay in fitting)
     total = best["weights"] + best["grads"] + best["optimizer"] + (best["activations_ckpt"] if out["activation_checkpointing"] else best["activations"])
     assert total <= 0.9 * 80 * 2**30
 

@@ -109,6 +109,7 @@ class Layout:
     activations_ckpt: float = 0.0
     cpu: float = 0.0  # bytes of CPU memory per GPU (offload)
     bubble: float = 0.0
+    micro_batches: int = 1
 
     @property
     def model_states(self) -> float:
@@ -145,13 +146,18 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
 
 
 def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, micro_batch: int,
-         micro_batches: int, precision: str = "bf16") -> list[Layout]:
-    """Every layout of ``gpus`` GPUs the model can be split into, with its memory per GPU."""
+         global_batch: int, precision: str = "bf16") -> list[Layout]:
+    """Every layout of ``gpus`` GPUs the model can be split into that keeps the global batch
+    (``global_batch`` sequences per step; ``global / (micro x DP)`` micro-batches per replica),
+    with its memory per GPU."""
     layouts = []
     for tp, pp in itertools.product(range(1, min(gpus, gpus_per_node) + 1), range(1, min(gpus, shape.n_layer) + 1)):
         if gpus % (tp * pp) or shape.n_head % tp or shape.ffn % tp:
             continue
         dp = gpus // (tp * pp)
+        if global_batch % (micro_batch * dp):
+            continue
+        micro_batches = global_batch // (micro_batch * dp)
         stages = stage_params_by_layers(shape.units, pp)
         rank_params = max(stages) / tp
         largest = shape.largest_layer / tp
@@ -168,7 +174,7 @@ def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, 
                 if (offload != "none" and zero == 0) or (offload == "optimizer+params" and zero != 3):
                     continue
                 w, g, o, cpu = model_state_bytes(rank_params, largest, dp, zero, offload, precision)
-                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble))
+                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble, micro_batches))
     return layouts
 
 
@@ -200,17 +206,17 @@ def recommend(layouts: list[Layout], gpu_mem_gb: float, *, checkpointing: bool |
 
 
 def format_plan(name: str, shape: ModelShape, layouts: list[Layout], best: Layout | None, ckpt: bool,
-                gpus: int, gpu_mem_gb: float, micro_batches: int, show: int = 20) -> str:
+                gpus: int, gpu_mem_gb: float, global_batch: int, show: int = 20) -> str:
     gb = lambda x: f"{x / GB:.1f}"  # noqa: E731
     lines = [f"{name}: {shape.params / 1e9:.3f}B parameters, {shape.n_layer} layers, d_model {shape.d_model}, "
-             f"{shape.n_head} heads; {gpus} GPUs x {gpu_mem_gb:g} GB; {micro_batches} micro-batches per step", "",
-             "| DP | PP | TP | ZeRO | offload | weights | grads | optim | activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
-             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{shape.n_head} heads; {gpus} GPUs x {gpu_mem_gb:g} GB; {global_batch} sequences per step", "",
+             "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     budget = gpu_mem_gb * GB * 0.9
     ranked = sorted(layouts, key=lambda lay: (lay.total(True) > budget, lay.tp * lay.pp, lay.zero, lay.offload))
     for lay in ranked[:show]:
         mark = " **<- recommended**" if lay is best else ""
-        lines.append(f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {gb(lay.weights)} | {gb(lay.grads)} | "
+        lines.append(f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {lay.micro_batches} | {gb(lay.weights)} | {gb(lay.grads)} | "
                      f"{gb(lay.optimizer)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
                      f"{gb(lay.total(False))} ({gb(lay.total(True))}) | {gb(lay.cpu)} | {lay.bubble:.1%} |{mark}")
     lines.append("")
@@ -220,6 +226,7 @@ def format_plan(name: str, shape: ModelShape, layouts: list[Layout], best: Layou
         lines.append(f"recommended: DP={best.dp} x PP={best.pp} x TP={best.tp}, ZeRO-{best.zero}, offload {best.offload}"
                      f"{', activation checkpointing' if ckpt else ''}: {gb(best.total(ckpt))} GB per GPU, "
                      f"pipeline bubble {best.bubble:.1%}; config: parallel.zero_stage={best.zero} "
+                     f"train.grad_accum_steps={best.micro_batches} "
                      f"parallel.pipeline_stages={best.pp} parallel.tensor_parallel={best.tp}"
                      + (" parallel.offload_optimizer=true" if best.offload != "none" else "")
                      + (" parallel.offload_params=true" if best.offload == "optimizer+params" else "")
