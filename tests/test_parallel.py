@@ -174,3 +174,20 @@ def test_pipeline_stages_carry_the_models_own_weights():
     assert mapped == ["embed.wte.weight", "embed.wpe.weight", "blocks.0.ln_1.weight", "blocks.1.mlp.proj.bias",
                       "head.ln_f.weight", "head.ln_f.bias"]
     assert set(mapped) <= names and torch.equal(model.state_dict()["head.lm_head.weight"], model.state_dict()["embed.wte.weight"])
+
+
+@pytest.mark.slow
+def test_zero3_model_states_per_rank_shrink_as_one_over_n(shards_dir, tmp_path):
+    """Measured per-rank parameter + optimizer bytes under ZeRO-3 at 1, 2 and 4 ranks: 1/N within 15%."""
+    from tests.conftest import run_glm
+
+    args = ["train", "-c", TINY, *PIPE, f"data.shards_dir={shards_dir}", "parallel.zero_stage=3", "train.max_steps=2",
+            "model.d_model=128", "train.global_batch_size=8", "train.micro_batch_size=2"]
+    measured = {}
+    for n in (1, 2, 4):
+        out = tmp_path / f"n{n}"
+        run_glm([*args, f"train.out_dir={out}", f"train.grad_accum_steps={4 // n}"], nproc=n)
+        ranks = [json.loads((out / f"model_states_rank{r}.json").read_text()) for r in range(n)]
+        measured[n] = max(r["params"] + r["optimizer"] for r in ranks)
+    for n in (2, 4):
+        assert abs(measured[n] / measured[1] - 1 / n) / (1 / n) < 0.15, measured

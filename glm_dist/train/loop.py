@@ -134,6 +134,7 @@ class Trainer:
         after = self.validate()
         if self.state.step > start or self.resume_from is None:
             self.save()
+        self._write_memory()
         summary = {"val_loss_before": before["loss"], "val_perplexity_before": before["perplexity"],
                    "val_loss": after["loss"], "val_perplexity": after["perplexity"],
                    **{f"val_{k}": v for k, v in after.items() if k not in ("loss", "perplexity", "tokens")},
@@ -179,6 +180,14 @@ class Trainer:
         if bad:
             self._count_skip(mean_loss)
         self._log_step(mean_loss, time.perf_counter() - t0)
+
+    def _write_memory(self) -> None:
+        """This rank's measured model-state bytes (``glm plan`` predicts them; tests compare)."""
+        from glm_dist.parallel.memory import rank_model_states
+
+        path = Path(self.cfg.train.out_dir) / f"model_states_rank{self.dist.rank}.json"
+        path.write_text(json.dumps({"rank": self.dist.rank, "world_size": self.dist.world_size,
+                                    "zero_stage": self.cfg.parallel.zero_stage, **rank_model_states(self.engine)}))
 
     def _preempt(self) -> None:
         """Checkpoint and leave with ``Preempted`` (exit code 75: requeue me)."""
