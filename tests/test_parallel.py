@@ -131,9 +131,15 @@ def pipe_run(shards_dir, out, *extra, nproc=1):
 
 
 @pytest.fixture(scope="module")
-def one_process(shards_dir, tmp_path_factory):
-    """Global batch 2 x 8 = 16 sequences per step, one process."""
-    return pipe_run(shards_dir, tmp_path_factory.mktemp("pipe-ref"), "train.grad_accum_steps=8")
+def one_process_run(shards_dir, tmp_path_factory):
+    """Global batch 2 x 8 = 16 sequences per step, one process: (losses, out_dir)."""
+    out = tmp_path_factory.mktemp("pipe-ref")
+    return pipe_run(shards_dir, out, "train.grad_accum_steps=8"), out
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run):
+    return one_process_run[0]
 
 
 @pytest.mark.slow
@@ -143,10 +149,18 @@ def one_process(shards_dir, tmp_path_factory):
     (4, ["parallel.pipeline_stages=4", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # PP=4 + ZeRO-1
     (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
 ], ids=["pp2", "pp2-zero1", "pp4", "dp2xpp2"])
-def test_pipeline_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process):
+def test_pipeline_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process_run):
+    from glm_dist.train.checkpoint import consolidated_state_dict
+
+    one_process, reference = one_process_run
     losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
     assert len(losses) == len(one_process) == 5
     assert max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
+    # The pipelined checkpoint consolidates to the unpipelined model's weights (what export-hf reads).
+    ours, _ = consolidated_state_dict(tmp_path / "checkpoints/step_00000005")
+    theirs, _ = consolidated_state_dict(reference / "checkpoints/step_00000005")
+    assert set(ours) == set(theirs)
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-4
 
 
 @pytest.mark.slow

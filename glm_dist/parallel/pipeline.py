@@ -118,3 +118,22 @@ def pipeline_validate(engine, batches, byte_lengths: torch.Tensor) -> dict[str, 
     loss = nll / max(targets, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(targets),
             "bits_per_byte": nll / math.log(2) / max(nbytes, 1)}
+
+
+def pipeline_state_dict(state_dir, n_layer: int) -> dict[str, torch.Tensor]:
+    """The unpipelined GPT state dict from a pipelined checkpoint's per-layer files
+    (``layer_XX-model_00-model_states.pt``, the module weights each stage saved), with the output
+    projection tied to the token embedding again."""
+    from pathlib import Path
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(state_dir).glob("layer_*-model_00-model_states.pt")):
+        idx = int(f.name.split("-")[0].split("_")[1])
+        for key, value in torch.load(f, map_location="cpu", weights_only=True).items():
+            name = _source_name(f"tied_modules.{TIED}.{key}" if idx == 0 else f"{idx}.{key}", n_layer)
+            if name is not None:
+                out[name] = value
+    if "embed.wte.weight" not in out:
+        raise FileNotFoundError(f"{state_dir}: no layer_00 file with the token embedding")
+    out["head.lm_head.weight"] = out["embed.wte.weight"]
+    return out

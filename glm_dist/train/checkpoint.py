@@ -140,6 +140,10 @@ def consolidated_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], 
     path = Path(path)
     meta = verify(path)
     state_dir = path / TAG
+    if meta.get("config", {}).get("parallel", {}).get("pipeline_stages", 1) > 1:
+        from glm_dist.parallel.pipeline import pipeline_state_dict
+
+        return {k: v.float() for k, v in pipeline_state_dict(state_dir, meta["model_config"]["n_layer"]).items()}, meta
     if meta.get("zero_stage", 0) >= 1:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
