@@ -7,14 +7,13 @@ import os
 
 from data_pipeline.document import Stats
 from data_pipeline.executors.tasks import atomic_write_bytes
-from data_pipeline.recipe import Recipe
+from data_pipeline.recipe import STAGES, Recipe
 
 
 def funnel(stats: Stats) -> list[dict]:
     """Documents and bytes left after each stage, in pipeline order (read counts pages)."""
     rows = []
-    order = ["read", "url", "extract", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb",
-             "classifier", "dedup", "decontam"]
+    order = ["read", *STAGES, "dedup", "decontam"]
     for name, st in sorted(stats.stages.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
         rows.append({"stage": name, "documents": st.kept, "bytes": st.bytes_kept, "dropped": st.seen - st.kept})
     return rows

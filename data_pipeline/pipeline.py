@@ -221,11 +221,12 @@ class Pipeline:
 
     @staticmethod
     def _apply(doc: Document, steps, stats: Stats, path: str) -> tuple[str | None, str | None]:
+        size = len(doc.payload) if doc.payload is not None else nbytes(doc.text)
         for name, step in steps:
             st = stats.stage(name)
             st.seen += 1
-            size = len(doc.payload) if doc.payload is not None else nbytes(doc.text)
             st.bytes_in += size
+            text = doc.text
             try:
                 reason = step(doc)
             except Exception as err:  # one bad page must not end a long job: count it and go on
@@ -236,7 +237,9 @@ class Pipeline:
                 doc.payload = None
                 return reason, name
             st.kept += 1
-            st.bytes_kept += len(doc.payload) if doc.payload is not None else nbytes(doc.text)
+            if doc.payload is None and doc.text is not text:
+                size = nbytes(doc.text)  # measured again only when a stage changed the text
+            st.bytes_kept += size
         return None, None
 
     # -- dedup map/reduce ------------------------------------------------------------------------

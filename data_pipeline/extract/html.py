@@ -39,19 +39,24 @@ def _known(charset: str | None) -> str | None:
 _INLINE_CHARSET = re.compile(rb"""(?:charset|encoding)\s*=\s*["']?([A-Za-z0-9_.:-]+)""")
 
 
-def choose_encoding(payload: bytes, declared: str | None) -> str:
-    """The server's charset; else one declared in the page (meta tag, XML declaration); else UTF-8
-    when the bytes are valid UTF-8 (most of the web); else resiliparse's detector."""
-    if declared:
-        return declared
-    inline = _INLINE_CHARSET.search(payload[:2048])
-    if inline and _known(inline.group(1).decode("ascii")):
-        return _known(inline.group(1).decode("ascii"))
+def decode(payload: bytes, declared: str | None) -> tuple[str, str, bool]:
+    """(text, charset, clean): the server's charset; else one declared in the page (meta tag, XML
+    declaration); else UTF-8 when the bytes are valid UTF-8 (most of the web); else resiliparse's
+    detector. ``clean`` is False when bytes the charset cannot decode were replaced. The payload is
+    decoded once."""
+    encoding = declared
+    if encoding is None:
+        inline = _INLINE_CHARSET.search(payload[:2048])
+        encoding = _known(inline.group(1).decode("ascii")) if inline else None
+    if encoding is None:
+        try:
+            return payload.decode("utf-8"), "utf-8", True
+        except UnicodeDecodeError:
+            encoding = detect_encoding(payload)
     try:
-        payload.decode("utf-8")
-        return "utf-8"
+        return payload.decode(encoding), encoding, True
     except UnicodeDecodeError:
-        return detect_encoding(payload)
+        return payload.decode(encoding, "replace"), encoding, False
 
 
 def extract(doc: Document, cfg: ExtractCfg) -> str | None:
@@ -65,14 +70,9 @@ def extract(doc: Document, cfg: ExtractCfg) -> str | None:
     is_html = mime in HTML_TYPES and (mime or _sniff_html(payload))
     if not is_html and not (mime in TEXT_TYPES or mime.startswith("text/")):
         return f"extract: unsupported content type {mime.split('/')[0]}/*"
-    encoding = choose_encoding(payload, declared)
-    doc.meta["charset"] = encoding
-    try:
-        decoded = payload.decode(encoding)
-    except UnicodeDecodeError:  # bytes the charset cannot decode: replaced, and counted below
-        decoded = payload.decode(encoding, "replace")
-        if decoded.count("\ufffd") > cfg.max_replacement_frac * len(decoded):
-            return "extract: undecodable text"
+    decoded, doc.meta["charset"], clean = decode(payload, declared)
+    if not clean and decoded.count("\ufffd") > cfg.max_replacement_frac * len(decoded):
+        return "extract: undecodable text"
     if is_html:
         text = extract_plain_text(HTMLTree.parse(decoded), main_content=cfg.main_content, alt_texts=False,
                                   links=False, form_fields=False, noscript=False, list_bullets=True)
