@@ -110,3 +110,13 @@ def check_parallel_layout(cfg: Config, world_size: int) -> None:
     check_layout(topo, n_layer=layers, n_head=mc.n_head, ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model,
                  vocab=mc.vocab_size, zero_stage=p.zero_stage, gpus_per_node=p.gpus_per_node,
                  offload_params=p.offload_params)
+    if topo.tensor > 1:
+        from glm_dist.parallel.tensor import TENSOR_PARALLEL_FAMILIES
+
+        if cfg.model.family not in TENSOR_PARALLEL_FAMILIES:
+            raise ConfigError(f"tensor parallelism (parallel.tensor_parallel={topo.tensor}) splits the "
+                              f"{', '.join(TENSOR_PARALLEL_FAMILIES)} families, not {cfg.model.family}; use data "
+                              f"parallelism with ZeRO-3 for it")
+        if cfg.train.optimizer == "adafactor":
+            raise ConfigError("train.optimizer=adafactor keeps factored moments that do not split with tensor "
+                              "parallelism; use adamw or lamb, or parallel.tensor_parallel=1")

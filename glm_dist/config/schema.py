@@ -94,6 +94,8 @@ class TrainConfig:
     eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
     save_interval: int = _f(0, "checkpoint every N steps (0: only at the end)")
     keep_last: int = _f(3, "keep the newest N checkpoints (older ones are deleted after a save)")
+    universal_checkpoint: bool = _f(True, "also save each checkpoint in universal form (whole fp32 weights and "
+                                    "optimizer moments per parameter, +12 bytes/param on disk) so it resumes on any layout")
     keep_every: int = _f(0, "also keep every checkpoint whose step is a multiple of M (0: none)")
     stop_signals: list = _f(["SIGUSR1", "SIGTERM"], "on these signals: finish the step, checkpoint, "
                             "exit 75 (SLURM's --signal / preemption; slurm/train.sbatch requeues)")

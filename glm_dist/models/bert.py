@@ -64,10 +64,10 @@ class SelfAttention(nn.Module):
         self.drop = cfg.dropout
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for p in (self.query, self.key, self.value))
+        B, T, _ = x.shape  # projections may be narrower than d_model: this rank's heads under tensor parallelism
+        q, k, v = (p(x).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.drop if self.training else 0.0)
-        return self.dense(y.transpose(1, 2).reshape(B, T, C))
+        return self.dense(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class EncoderBlock(nn.Module):

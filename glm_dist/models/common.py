@@ -28,10 +28,11 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
         """``cache``: a dict this layer keeps its keys/values in, for incremental decoding."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_dim)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # each (B, T, width): width = d_model, or this rank's heads
+        width = q.shape[-1]
+        # (B, T, width) -> (B, n_head, T, head_dim)
+        q, k, v = (t.view(B, T, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
         past = 0
         if cache is not None:
             if "k" in cache:
@@ -43,7 +44,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._band(T, x.device, past=past), dropout_p=p)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, width)
         return self.resid_drop(self.proj(y))
 
     def _band(self, T: int, device: torch.device, past: int = 0) -> torch.Tensor:

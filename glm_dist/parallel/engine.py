@@ -8,11 +8,12 @@ from glm_dist.config.deepspeed_json import deepspeed_config
 from glm_dist.config.schema import Config
 
 
-def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config, *, dp_size: int):
-    """Wrap ``model`` in a DeepSpeed engine (ZeRO stage, bf16, clipping from ``cfg``)."""
+def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config, *, dp_size: int, mpu=None):
+    """Wrap ``model`` in a DeepSpeed engine (ZeRO stage, bf16, clipping from ``cfg``). ``mpu``: the
+    data/tensor process groups under tensor parallelism (a pipeline module brings its own)."""
     import deepspeed
 
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=mpu,
                                            config=deepspeed_config(cfg, dp_size=dp_size))
     return engine
 

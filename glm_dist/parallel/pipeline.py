@@ -62,13 +62,15 @@ def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition_method: st
     return pipe
 
 
-def mark_for_grad_norm(pipe) -> None:
-    """DeepSpeed's gradient-norm (clipping) sums a parameter over the pipeline stages only if it is
-    marked ``model_parallel`` -- unmarked ones count on stage 0 alone. Every stage's own parameters
-    are marked; the tied embedding's copy on a later stage is not, so the shared matrix counts once."""
+def mark_for_grad_norm(pipe, tensor_rank: int = 0) -> None:
+    """DeepSpeed's gradient-norm (clipping) sums a parameter over the pipeline stages (and tensor
+    ranks) only if it is marked ``model_parallel`` -- unmarked ones count on model-parallel rank 0
+    alone. Every stage's own parameters are marked (replicated ones on tensor rank 0 only); the
+    tied embedding's copy on a later stage is not, so the shared matrix counts once."""
+    from glm_dist.parallel.tensor import mark_for_grad_norm as mark
+
     tied = {id(p) for p in pipe.tied_modules.parameters()} if hasattr(pipe, "tied_modules") else set()
-    for p in pipe.parameters():
-        p.model_parallel = id(p) not in tied or pipe.stage_id == 0
+    mark(pipe, tensor_rank, exclude=tied if pipe.stage_id != 0 else set())
 
 
 def _source_name(key: str, n_layer: int) -> str | None:

@@ -62,9 +62,10 @@ class CheckpointManager:
         return path
 
     def save(self, engine, step: int, client_state: dict, meta: dict, *,
-             extra_files: dict[str, Path] | None = None) -> Path:
+             extra_files: dict[str, Path] | None = None, also=None) -> Path:
         """Write checkpoint ``step`` (all ranks call this); returns its final path.
-        ``extra_files`` (name -> source) are copied in by rank 0, e.g. the tokenizer."""
+        ``extra_files`` (name -> source) are copied in by rank 0, e.g. the tokenizer; ``also(tmp)``
+        writes more into the checkpoint before it is completed (the universal form)."""
         name = f"step_{step:08d}"
         final, tmp = self.root / name, self.root / f".tmp-{name}"
         if self.dist.is_main:
@@ -74,6 +75,8 @@ class CheckpointManager:
         engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False)
         (tmp / "rng").mkdir(exist_ok=True)
         torch.save(rng_state(), tmp / "rng" / f"rank{self.dist.rank:05d}.pt")
+        if also is not None:
+            also(tmp)
         barrier()
         if self.dist.is_main:
             for name, src in (extra_files or {}).items():
@@ -151,6 +154,27 @@ def consolidated_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], 
     else:
         sd = torch.load(state_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
     return {k: v.float() for k, v in sd.items()}, meta
+
+
+def saved_layout(path: Path) -> dict:
+    """The (data, pipeline, tensor, ZeRO) layout a checkpoint was saved at."""
+    meta = json.loads((Path(path) / "meta.json").read_text())
+    if "layout" in meta:
+        return meta["layout"]
+    p = meta.get("config", {}).get("parallel", {})
+    pp, tp = p.get("pipeline_stages", 1), p.get("tensor_parallel", 1)
+    return {"data": meta["world_size"] // (pp * tp), "pipeline": pp, "tensor": tp, "zero_stage": meta.get("zero_stage", 0)}
+
+
+def universal_dir(path: Path) -> Path:
+    """The checkpoint's universal form (whole fp32 weights and moments per parameter)."""
+    from glm_dist.parallel.universal import DIR
+
+    d = Path(path) / DIR
+    if not d.is_dir():
+        raise CheckpointError(f"{path} was saved at layout {saved_layout(path)} without a universal form "
+                              f"(train.universal_checkpoint=false); resume it at that layout")
+    return d
 
 
 def rng_state() -> dict:

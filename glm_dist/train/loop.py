@@ -31,8 +31,9 @@ from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
 from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
+from glm_dist.parallel import universal
 from glm_dist.parallel.topology import Topology
-from glm_dist.train.checkpoint import CheckpointManager
+from glm_dist.train.checkpoint import CheckpointManager, saved_layout, universal_dir
 from glm_dist.train.errors import Preempted, TrainingDiverged
 from glm_dist.train.preemption import StopRequest
 from glm_dist.train.optim import build_optimizer
@@ -66,12 +67,22 @@ class Trainer:
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
         p = cfg.parallel
         self.topo = Topology.for_world(self.dist.world_size, p.pipeline_stages, p.tensor_parallel)
+        self.coords = self.topo.coords(self.dist.rank)
         self.pipelined = self.topo.pipeline > 1
+        # Resuming on another layout reads the universal checkpoint: the whole model's weights now
+        # (stages and tensor slices are cut from them below), the optimizer moments once the
+        # engine exists.
+        self.universal = self.resume_from is not None and saved_layout(self.resume_from) != self.layout
+        if self.universal:
+            universal.load_weights(model, universal_dir(self.resume_from))
+        self.mpu, self.naming, self.tensor_group = None, universal.Naming(), None
         if self.pipelined:
             model = self._pipeline(model)
-        dp_rank, dp_size = self.topo.coords(self.dist.rank)["data"], self.topo.data
+        elif self.topo.tensor > 1:
+            model = self._tensor_parallel(model)
+        dp_rank, dp_size = self.coords["data"], self.topo.data
         self.optimizer = build_optimizer(model, cfg.train)
-        self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size)
+        self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size, mpu=self.mpu)
         loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective),
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                            grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=dp_rank,
@@ -80,7 +91,7 @@ class Trainer:
                        if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
         self.state = TrainState()
         if self.resume_from is not None:
-            self._restore(self.resume_from)
+            (self._restore_universal if self.universal else self._restore)(self.resume_from)
         self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len, objective=cfg.objective.name,
                                               micro_batch_size=cfg.train.micro_batch_size,
                                               num_batches=cfg.train.eval_batches, dp_rank=dp_rank,
@@ -96,21 +107,44 @@ class Trainer:
         self.peak_flops = peak_flops() or (measure_matmul_peak(
             torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16, seconds=0.5) if self.dist.is_main else None)
 
+    @property
+    def layout(self) -> dict:
+        return {"data": self.topo.data, "pipeline": self.topo.pipeline, "tensor": self.topo.tensor,
+                "zero_stage": self.cfg.parallel.zero_stage}
+
+    def _tensor_parallel(self, model):
+        """Attention heads and FFN width split over the tensor-parallel group (no pipeline)."""
+        from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, shard_model
+
+        self.mpu = ParallelGroups(self.topo, self.dist.rank)
+        self.tensor_group = self.mpu.get_model_parallel_group()
+        shard_model(model, self.coords["tensor"], self.topo.tensor, self.tensor_group)
+        mark_for_grad_norm(model, self.coords["tensor"])
+        return model
+
     def _pipeline(self, model):
-        """The model cut into ``parallel.pipeline_stages`` DeepSpeed pipeline stages."""
+        """The model cut into ``parallel.pipeline_stages`` DeepSpeed pipeline stages (each split
+        over ``parallel.tensor_parallel`` ranks when that is > 1)."""
         from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-        from glm_dist.parallel.pipeline import gpt_pipeline
+        from glm_dist.parallel import pipeline
+        from glm_dist.parallel.tensor import shard_model
 
         cfg = self.cfg
-        if self.topo.tensor > 1:
-            raise ConfigError("parallel.tensor_parallel > 1 is planned by glm plan but glm train does not run it yet")
         if cfg.model.family != "gpt" or cfg.objective.name != "clm":
             raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={self.topo.pipeline}) runs the GPT family "
                               f"(clm) so far, not {cfg.model.family}/{cfg.objective.name}")
-        topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=1, num_dp=self.topo.data)
-        return gpt_pipeline(model, stages=self.topo.pipeline, topology=topology,
-                            checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+        topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=self.topo.tensor, num_dp=self.topo.data)
+        pipe = pipeline.gpt_pipeline(model, stages=self.topo.pipeline, topology=topology,
+                                     checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+        if self.topo.tensor > 1:
+            self.tensor_group = pipe._grid.get_slice_parallel_group()
+            shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group)
+        pipeline.mark_for_grad_norm(pipe, tensor_rank=self.coords["tensor"])
+        n_layer = self.model_cfg.n_layer
+        self.naming = universal.Naming(rename=lambda key: pipeline._source_name(key, n_layer),
+                                       owned=lambda key: not key.startswith("tied_modules.") or pipe.stage_id == 0)
+        return pipe
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -118,8 +152,9 @@ class Trainer:
         self.log.message(f"model: {self.cfg.model.family}/{self.cfg.model.flavor}, "
                          f"{sum(p.numel() for p in self.engine.module.parameters()):,} parameters; "
                          f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
-                         + (f"; {self.topo.describe()}" if self.pipelined else "")
-                         + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else ""))
+                         + (f"; {self.topo.describe()}" if self.topo.world_size > self.topo.data else "")
+                         + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else "")
+                         + (f" (universal checkpoint saved at {saved_layout(self.resume_from)})" if self.universal else ""))
         before = self.validate()
         end = min(t.max_steps, t.stop_at_step or t.max_steps)
         while self.state.step < end:
@@ -225,12 +260,14 @@ class Trainer:
             from glm_dist.parallel.pipeline import pipeline_validate
 
             metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths)
+            metrics["tokens"] //= self.topo.pipeline * self.topo.tensor
             self.log.validation(self.state.step, metrics)
             return metrics
         self.engine.eval()
         with self.autocast:
             metrics = evaluate(self.engine, self.val_batches, byte_lengths=self.byte_lengths,
                                device=self.engine.device, objective=self.cfg.objective.name)
+        metrics["tokens"] //= self.topo.tensor  # tensor ranks of a replica evaluate the same batches
         self.engine.train()
         self.log.validation(self.state.step, metrics)
         return metrics
@@ -238,16 +275,29 @@ class Trainer:
     # -- state ----------------------------------------------------------------------------
     def save(self) -> Path:
         client = {"train_state": asdict(self.state), "data": self.loader.state_dict()}
-        meta = {"config": to_dict(self.cfg), "zero_stage": self.cfg.parallel.zero_stage,
+        meta = {"config": to_dict(self.cfg), "zero_stage": self.cfg.parallel.zero_stage, "layout": self.layout,
                 "world_size": self.dist.world_size, "model_family": self.cfg.model.family,
                 "model_config": asdict(self.model_cfg), "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
                 "shards_dir": str(Path(self.cfg.data.shards_dir).resolve())}
         tokenizer = Path(self.cfg.data.shards_dir) / self.manifest["tokenizer"]["file"]
+        writer = self.coords["data"] == 0 and self.coords["tensor"] == 0  # one rank per pipeline stage
+        also = (lambda tmp: universal.save(self.engine, tmp / universal.DIR, self.naming, writer=writer,
+                                           tensor_group=self.tensor_group, tensor_size=self.topo.tensor,
+                                           client_state=client if self.dist.is_main else None)
+                ) if self.cfg.train.universal_checkpoint else None
         path = self.ckpts.save(self.engine, self.state.step, client, meta,
-                               extra_files={"tokenizer.json": tokenizer})
+                               extra_files={"tokenizer.json": tokenizer}, also=also)
         self.ckpts.rotate(keep_last=self.cfg.train.keep_last, keep_every=self.cfg.train.keep_every)
         self.log.message(f"checkpoint: {path}")
         return path
+
+    def _restore_universal(self, path: Path) -> None:
+        """Optimizer moments and the run's position from a checkpoint saved on another layout."""
+        universal.load_optimizer(self.engine, universal_dir(path), self.naming, tensor_rank=self.coords["tensor"],
+                                 tensor_size=self.topo.tensor)
+        client = torch.load(universal_dir(path) / "client_state.pt", weights_only=False)
+        self.state = TrainState(**client["train_state"])
+        self.loader.load_state_dict(client["data"])
 
     def _restore(self, path: Path) -> None:
         client = self.ckpts.load(self.engine, path)
