@@ -40,6 +40,7 @@ def test_topology_names_the_axes_and_checks_the_world_size():
     (8, ["parallel.pipeline_stages=8"], "pipeline_stages=8 is more than the model's 4 layers"),
     (8, ["parallel.tensor_parallel=4", "parallel.gpus_per_node=2"], "exceeds the 2 GPUs of a node"),
     (8, ["parallel.offload_params=true", "parallel.zero_stage=2"], "offload_params needs parallel.zero_stage=3"),
+    (2, ["parallel.tensor_parallel=2", "train.optimizer=adafactor"], "adafactor keeps factored moments"),
 ])
 def test_bad_layouts_are_refused_with_the_numbers(world, overrides, message):
     cfg = load_config(TINY, overrides)
@@ -144,7 +145,8 @@ def one_process(one_process_run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc, layout", [
-    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]),  # PP=2, 8 micro batches
+    # PP=2, 8 micro batches; consolidated from the per-layer files (no universal form)
+    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "train.universal_checkpoint=false"]),
     (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # + ZeRO-1
     (4, ["parallel.pipeline_stages=4", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # PP=4 + ZeRO-1
     (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
@@ -205,3 +207,76 @@ def test_zero3_model_states_per_rank_shrink_as_one_over_n(shards_dir, tmp_path):
         measured[n] = max(r["params"] + r["optimizer"] for r in ranks)
     for n in (2, 4):
         assert abs(measured[n] / measured[1] - 1 / n) / (1 / n) < 0.15, measured
+
+
+def test_tensor_parallelism_is_refused_for_families_without_a_shard_plan():
+    cfg = load_config(str(ROOT / "configs/experiments/t5-tiny-cpu.yaml"), ["parallel.tensor_parallel=2"])
+    with pytest.raises(ConfigError, match="splits the gpt, bert, roberta, albert, electra families, not t5"):
+        validate(cfg, world_size=2)
+
+
+def test_tensor_slices_take_each_fused_part_and_reassemble():
+    """GPT's fused [q; k; v] projection: rank r keeps heads r of q, of k and of v."""
+    import torch
+
+    from glm_dist.parallel.tensor import _slice, local_slice
+
+    assert _slice(12, 1, 2, parts=3).tolist() == [2, 3, 6, 7, 10, 11]
+    assert _slice(8, 0, 4).tolist() == [0, 1]
+    p = torch.nn.Parameter(torch.zeros(6, 4))
+    p.tensor_parallel = (0, 3)
+    full = torch.arange(12 * 4).view(12, 4)
+    assert torch.equal(local_slice(p, full, 0, 2), full[[0, 1, 4, 5, 8, 9]])
+    assert torch.equal(local_slice(p, full, 1, 2), full[[2, 3, 6, 7, 10, 11]])
+    p.tensor_parallel = (1, 1)  # a row-parallel weight: input columns
+    assert torch.equal(local_slice(p, full, 1, 2), full[:, 2:])
+
+
+# -- tensor parallelism and universal checkpoints: the same losses as one process ---------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, layout", [
+    (4, ["parallel.tensor_parallel=2", "train.grad_accum_steps=4", "parallel.zero_stage=1"]),  # TP=2 x DP=2
+    (4, ["parallel.tensor_parallel=2", "parallel.pipeline_stages=2", "train.grad_accum_steps=8",
+         "parallel.zero_stage=1"]),  # TP=2 x PP=2
+], ids=["tp2xdp2", "tp2xpp2"])
+def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process_run):
+    from glm_dist.train.checkpoint import consolidated_state_dict
+
+    one_process, reference = one_process_run
+    losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
+    assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
+    # The slices reassemble into the one-process weights (the universal form export-hf reads).
+    ours, _ = consolidated_state_dict(tmp_path / "checkpoints/step_00000005")
+    theirs, _ = consolidated_state_dict(reference / "checkpoints/step_00000005")
+    assert set(ours) == set(theirs)
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-4
+
+
+@pytest.mark.slow
+def test_universal_checkpoint_resumes_on_other_layouts(shards_dir, tmp_path, one_process):
+    """Steps 1-2 at DP=4 (ZeRO-1), 3-4 at DP=2 x PP=2 (ZeRO-1), 5 at TP=2 x DP=2 (ZeRO-0): the loss
+    per step stays the one-process run's (the same global batch of 16 sequences throughout)."""
+    legs = [(["train.grad_accum_steps=2", "parallel.zero_stage=1", "train.stop_at_step=2"], 2),
+            (["parallel.pipeline_stages=2", "train.grad_accum_steps=4", "parallel.zero_stage=1",
+              "train.stop_at_step=4"], 4),
+            (["parallel.tensor_parallel=2", "train.grad_accum_steps=4"], 5)]
+    for layout, steps in legs:
+        losses = pipe_run(shards_dir, tmp_path, *layout, nproc=4)
+        assert len(losses) == steps
+    assert max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
+    meta = json.loads((tmp_path / "checkpoints/step_00000005/meta.json").read_text())
+    assert meta["layout"] == {"data": 2, "pipeline": 1, "tensor": 2, "zero_stage": 0}
+
+
+@pytest.mark.slow
+def test_encoder_tensor_parallel_matches_one_process(shards, tmp_path):
+    """RoBERTa (dynamic MLM) with its heads and FFN split over 2 ranks: the one-process losses."""
+    from tests.conftest import run_glm, train_losses
+
+    cfg = str(ROOT / "configs/experiments/roberta-tiny-cpu.yaml")
+    args = ["train", "-c", cfg, *PIPE, "model.n_layer=2", "train.max_steps=3", "train.grad_accum_steps=2",
+            f"data.shards_dir={shards('roberta')}"]
+    run_glm([*args, f"train.out_dir={tmp_path / 'one'}"])
+    run_glm([*args, f"train.out_dir={tmp_path / 'tp'}", "parallel.tensor_parallel=2"], nproc=2)
+    one, tp = train_losses(tmp_path / "one"), train_losses(tmp_path / "tp")
+    assert len(one) == len(tp) == 3 and max(abs(a - b) for a, b in zip(one, tp)) <= PIPE_TOL, (one, tp)

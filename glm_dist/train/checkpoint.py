@@ -143,6 +143,10 @@ def consolidated_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], 
     path = Path(path)
     meta = verify(path)
     state_dir = path / TAG
+    if (path / "universal").is_dir():  # whole tensors under the unsplit names, whatever the layout
+        from glm_dist.parallel.universal import state_dict
+
+        return {k: v.float() for k, v in _with_tied(state_dict(path / "universal"), meta).items()}, meta
     if meta.get("config", {}).get("parallel", {}).get("pipeline_stages", 1) > 1:
         from glm_dist.parallel.pipeline import pipeline_state_dict
 
@@ -154,6 +158,21 @@ def consolidated_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], 
     else:
         sd = torch.load(state_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
     return {k: v.float() for k, v in sd.items()}, meta
+
+
+def _with_tied(sd: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
+    """Add the names a tied weight also goes by (GPT's ``head.lm_head.weight`` is the token
+    embedding), as a full ``state_dict()`` lists them."""
+    from glm_dist.models.registry import build_model, model_config_from_dict
+
+    with torch.device("meta"):
+        model = build_model(meta["model_family"], model_config_from_dict(meta["model_family"], meta["model_config"]))
+    first: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first.setdefault(id(p), name)
+        if name not in sd and first[id(p)] in sd:
+            sd[name] = sd[first[id(p)]]
+    return sd
 
 
 def saved_layout(path: Path) -> dict:
