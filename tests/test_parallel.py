@@ -209,10 +209,15 @@ def test_zero3_model_states_per_rank_shrink_as_one_over_n(shards_dir, tmp_path):
         assert abs(measured[n] / measured[1] - 1 / n) / (1 / n) < 0.15, measured
 
 
-def test_tensor_parallelism_is_refused_for_families_without_a_shard_plan():
-    cfg = load_config(str(ROOT / "configs/experiments/t5-tiny-cpu.yaml"), ["parallel.tensor_parallel=2"])
+def test_tensor_and_pipeline_parallelism_are_refused_for_families_without_them():
+    t5 = str(ROOT / "configs/experiments/t5-tiny-cpu.yaml")
     with pytest.raises(ConfigError, match="splits the gpt, bert, roberta, albert, electra families, not t5"):
-        validate(cfg, world_size=2)
+        validate(load_config(t5, ["parallel.tensor_parallel=2"]), world_size=2)
+    with pytest.raises(ConfigError, match=r"runs gpt \(clm\), bert \(mlm\), roberta \(mlm\), not t5 \(span_corruption\)"):
+        validate(load_config(t5, ["parallel.pipeline_stages=2"]), world_size=2)
+    albert = str(ROOT / "configs/experiments/albert-tiny-cpu.yaml")
+    with pytest.raises(ConfigError, match="runs gpt .* not albert"):
+        validate(load_config(albert, ["parallel.pipeline_stages=2"]), world_size=2)
 
 
 def test_tensor_slices_take_each_fused_part_and_reassemble():
@@ -269,14 +274,38 @@ def test_universal_checkpoint_resumes_on_other_layouts(shards_dir, tmp_path, one
 
 
 @pytest.mark.slow
-def test_encoder_tensor_parallel_matches_one_process(shards, tmp_path):
-    """RoBERTa (dynamic MLM) with its heads and FFN split over 2 ranks: the one-process losses."""
+def test_encoder_pipeline_and_tensor_parallel_match_one_process(shards, tmp_path):
+    """RoBERTa (dynamic MLM): heads and FFN split over 2 ranks (TP=2), and cut into 2 stages with the
+    MLM decoder tied to the first stage's word embedding, each stage split in 2 (PP=2 x TP=2):
+    the one-process losses, and the one-process weights after consolidation."""
+    from glm_dist.train.checkpoint import consolidated_state_dict
     from tests.conftest import run_glm, train_losses
 
     cfg = str(ROOT / "configs/experiments/roberta-tiny-cpu.yaml")
     args = ["train", "-c", cfg, *PIPE, "model.n_layer=2", "train.max_steps=3", "train.grad_accum_steps=2",
             f"data.shards_dir={shards('roberta')}"]
-    run_glm([*args, f"train.out_dir={tmp_path / 'one'}"])
-    run_glm([*args, f"train.out_dir={tmp_path / 'tp'}", "parallel.tensor_parallel=2"], nproc=2)
-    one, tp = train_losses(tmp_path / "one"), train_losses(tmp_path / "tp")
-    assert len(one) == len(tp) == 3 and max(abs(a - b) for a, b in zip(one, tp)) <= PIPE_TOL, (one, tp)
+    runs = {"one": ([], 1), "tp2": (["parallel.tensor_parallel=2"], 2),
+            "pp2xtp2": (["parallel.pipeline_stages=2", "parallel.tensor_parallel=2", "parallel.zero_stage=1"], 4)}
+    for name, (extra, nproc) in runs.items():
+        run_glm([*args, f"train.out_dir={tmp_path / name}", *extra], nproc=nproc)
+    one = train_losses(tmp_path / "one")
+    theirs, _ = consolidated_state_dict(tmp_path / "one/checkpoints/step_00000003")
+    for name in ("tp2", "pp2xtp2"):
+        losses = train_losses(tmp_path / name)
+        assert len(losses) == 3 and max(abs(a - b) for a, b in zip(one, losses)) <= PIPE_TOL, (name, one, losses)
+        ours, _ = consolidated_state_dict(tmp_path / name / "checkpoints/step_00000003")
+        assert set(ours) == set(theirs)
+        assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-4, name
+
+
+@pytest.mark.slow
+def test_bf16_pipeline_with_zero1_accumulates_in_fp32(shards_dir, tmp_path, one_process):
+    """bf16 weights and activations, PP=2 + ZeRO-1: DeepSpeed's BF16_Optimizer with fp32 gradient
+    accumulation over the 8 micro batches; the loss stays within bf16 rounding of the fp32 run."""
+    from glm_dist.config.deepspeed_json import deepspeed_config
+
+    layout = ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "parallel.zero_stage=1", "train.precision=bf16"]
+    ds = deepspeed_config(load_config(TINY, layout), dp_size=1)
+    assert ds["bf16"]["enabled"] and ds["data_types"] == {"grad_accum_dtype": "fp32"}
+    losses = pipe_run(shards_dir, tmp_path, *layout, nproc=2)
+    assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) < 2e-3, (losses, one_process)

@@ -110,6 +110,15 @@ def check_parallel_layout(cfg: Config, world_size: int) -> None:
     check_layout(topo, n_layer=layers, n_head=mc.n_head, ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model,
                  vocab=mc.vocab_size, zero_stage=p.zero_stage, gpus_per_node=p.gpus_per_node,
                  offload_params=p.offload_params)
+    if topo.pipeline > 1:
+        pipelined = {"gpt": ("clm",), "bert": ("mlm",), "roberta": ("mlm",)}
+        if cfg.objective.name not in pipelined.get(cfg.model.family, ()):
+            raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={topo.pipeline}) runs "
+                              + ", ".join(f"{f} ({'/'.join(o)})" for f, o in pipelined.items())
+                              + f", not {cfg.model.family} ({cfg.objective.name}); use ZeRO-3 data parallelism for it")
+        if cfg.model.family != "gpt" and (getattr(mc, "share", "none") != "none" or mc.emb != mc.d_model):
+            raise ConfigError("pipeline parallelism needs unshared, unfactorised encoder layers "
+                              "(not ALBERT-style sharing or a factorised embedding)")
     if topo.tensor > 1:
         from glm_dist.parallel.tensor import TENSOR_PARALLEL_FAMILIES
 

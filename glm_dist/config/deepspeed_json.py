@@ -11,7 +11,15 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1) -> dict:
         zero.update(overlap_comm=False, contiguous_gradients=True)
     if p.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    extra = {}
+    if t.precision == "bf16" and p.zero_stage == 1:
+        # Accumulate micro-batch gradients in fp32 (DeepSpeed's BF16_Optimizer, which shards the
+        # optimizer states like ZeRO-1): bf16 accumulation loses low bits over many micro batches,
+        # and pipelines run many. (ZeRO-0 + bf16 accumulates in bf16 -- DeepSpeed has no fp32 mode
+        # for it; ZeRO-2/3 accumulate into their fp32 partitions.)
+        extra["data_types"] = {"grad_accum_dtype": "fp32"}
     return {
+        **extra,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": t.grad_accum_steps,
         "train_batch_size": t.micro_batch_size * t.grad_accum_steps * dp_size,

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glm_dist.models.bert import Encoder, EncoderBlock, EncoderEmbedding
 from glm_dist.models.gpt import GPT, GPTBlock, GPTEmbedding
 from glm_dist.objectives import clm
+from glm_dist.objectives.mlm import IGNORE_INDEX
 
 TIED = "embed"
 
@@ -88,12 +90,13 @@ def _source_name(key: str, n_layer: int) -> str | None:
     return None
 
 
-def copy_weights(model: GPT, pipe: nn.Module) -> None:
+def copy_weights(model: nn.Module, pipe: nn.Module, rename=None) -> None:
     """Give this stage's layers the whole model's weights (the tied output uses the embedding)."""
+    rename = rename or (lambda key: _source_name(key, model.cfg.n_layer))
     source = model.state_dict()
     target = pipe.state_dict()
     for key in target:
-        name = _source_name(key, model.cfg.n_layer)
+        name = rename(key)
         if name is None or name not in source:
             raise KeyError(f"pipeline parameter {key!r} has no counterpart in the model ({name!r})")
         if source[name].shape != target[key].shape:
@@ -102,24 +105,39 @@ def copy_weights(model: GPT, pipe: nn.Module) -> None:
     pipe.load_state_dict(target, strict=True)
 
 
-def pipeline_validate(engine, batches, byte_lengths: torch.Tensor) -> dict[str, float]:
-    """CLM validation through the pipeline: each batch's mean loss (DeepSpeed broadcasts it to every
+def pipeline_validate(engine, batches, byte_lengths: torch.Tensor, objective: str = "clm") -> dict[str, float]:
+    """Validation through the pipeline: each batch's mean loss (DeepSpeed broadcasts it to every
     stage) times its target count; sums over all ranks (every stage of a pipeline adds the same
-    numbers, which cancels in the ratios)."""
+    numbers, which cancels in the ratios). CLM adds bits per byte."""
     from glm_dist.parallel.distributed import all_reduce
 
     nll = targets = nbytes = 0.0
     for batch, weight in batches:
-        ids, labels = batch["input_ids"].to(engine.device), batch["labels"].to(engine.device)
-        loss = engine.eval_batch(iter([(ids, labels)]), num_micro_batches=1)
-        n = labels.numel()
+        inputs, labels = pipeline_inputs(objective, batch, engine.device)
+        loss = engine.eval_batch(iter([(inputs, labels)]), num_micro_batches=1)
+        chosen = labels != IGNORE_INDEX
+        n = int(chosen.sum())
         nll += weight * float(loss) * n
         targets += weight * n
-        nbytes += weight * byte_lengths[labels.cpu()].sum().item()
+        nbytes += weight * byte_lengths[labels[chosen].cpu()].sum().item()
     nll, targets, nbytes = all_reduce([nll, targets, nbytes])
     loss = nll / max(targets, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(targets),
-            "bits_per_byte": nll / math.log(2) / max(nbytes, 1)}
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(targets)}
+    if objective == "clm":
+        out["bits_per_byte"] = nll / math.log(2) / max(nbytes, 1)
+    return out
+
+
+def pipeline_inputs(objective: str, batch: dict[str, torch.Tensor], device) -> tuple:
+    """A loader batch as the pipeline's (first-stage inputs, last-stage labels). The encoder's
+    inputs always carry an attention mask (all ones when nothing was padded) so every micro batch
+    sends the same tensors between stages."""
+    ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
+    if objective == "clm":
+        return ids, labels
+    mask = batch.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask.to(device).long()
+    return (ids, mask), labels
 
 
 def pipeline_state_dict(state_dir, n_layer: int) -> dict[str, torch.Tensor]:
@@ -139,3 +157,103 @@ def pipeline_state_dict(state_dir, n_layer: int) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{state_dir}: no layer_00 file with the token embedding")
     out["head.lm_head.weight"] = out["embed.wte.weight"]
     return out
+
+
+# -- the encoder family (BERT / RoBERTa, MLM) --------------------------------------------------------
+# Layer list: the embedding (tied), n_layer blocks, the MLM transform (dense, activation,
+# LayerNorm), the decoder projection (tied to the word embedding) and the decoder bias. Between
+# stages travel the hidden states and the (B, T) attention mask.
+PIPELINE_ENCODERS = ("bert", "roberta")
+
+
+class PipeEncoderBlock(EncoderBlock):
+    """An encoder block that takes and returns (hidden, attention mask)."""
+
+    def forward(self, inputs):
+        x, mask = inputs
+        return super().forward(x, mask.bool()[:, None, None, :]), mask
+
+
+class MLMTransform(nn.Module):
+    """The MLM head up to the decoder: dense -> activation -> LayerNorm (names as ``MLMHead``)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from glm_dist.models.bert import _act
+
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.act = _act(cfg.activation)
+
+    def forward(self, inputs):
+        x, _ = inputs
+        return self.ln(self.act(self.dense(x)))
+
+
+class TiedWord(nn.Module):
+    """The last stage's copy of the word embedding, used as the MLM decoder's weight."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.emb)
+
+
+class DecoderBias(nn.Module):
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, logits):
+        return logits + self.bias
+
+
+def _embed(module: EncoderEmbedding, inputs):
+    ids, mask = inputs
+    return module(ids), mask
+
+
+def _decode(module: TiedWord, x):
+    return F.linear(x, module.word.weight)
+
+
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over the masked positions (as ``objectives.steps`` for mlm)."""
+    chosen = labels != IGNORE_INDEX
+    return F.cross_entropy(logits.float()[chosen], labels[chosen], reduction="sum") / chosen.sum().clamp(min=1)
+
+
+def encoder_source_name(key: str, n_layer: int) -> str | None:
+    """The unpipelined Encoder's name for a PipelineModule state-dict key."""
+    if key.startswith(f"tied_modules.{TIED}."):
+        return "embed." + key[len(f"tied_modules.{TIED}."):]
+    idx, _, rest = key.partition(".")
+    if not idx.isdigit():
+        return None
+    i = int(idx)
+    if 1 <= i <= n_layer:
+        return f"blocks.{i - 1}.{rest}"
+    if i == n_layer + 1:
+        return f"head.mlm.{rest}"
+    if i == n_layer + 3 and rest == "bias":
+        return "head.mlm.decoder.bias"
+    return None
+
+
+def encoder_pipeline(model: Encoder, *, stages: int, topology=None, checkpoint_interval: int = 0):
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    cfg = model.cfg
+    if cfg.share != "none" or cfg.head != "mlm" or cfg.emb != cfg.d_model:
+        raise ValueError("the encoder pipeline runs BERT/RoBERTa-style encoders with an MLM head and unshared, "
+                         "unfactorised layers (not ALBERT's sharing or NSP/SOP heads)")
+    specs = [TiedLayerSpec(TIED, EncoderEmbedding, cfg, forward_fn=_embed, tied_weight_attr=["word.weight"]),
+             *[LayerSpec(PipeEncoderBlock, cfg) for _ in range(cfg.n_layer)],
+             LayerSpec(MLMTransform, cfg),
+             TiedLayerSpec(TIED, TiedWord, cfg, forward_fn=_decode, tied_weight_attr=["word.weight"]),
+             LayerSpec(DecoderBias, cfg.vocab_size)]
+    pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
+                          loss_fn=mlm_loss, partition_method="type:EncoderBlock",
+                          activation_checkpoint_interval=checkpoint_interval)
+    copy_weights(model, pipe, rename=lambda key: encoder_source_name(key, cfg.n_layer))
+    mark_for_grad_norm(pipe)
+    return pipe

@@ -145,7 +145,7 @@ def shard_model(model: nn.Module, rank: int, size: int, group) -> int:
         return 0
     plans, done = _plans(), set()
     for module in list(model.modules()):
-        plan = plans.get(type(module))
+        plan = next((plans[c] for c in type(module).__mro__ if c in plans), None)
         if plan is None or id(module) in done:
             continue
         done.add(id(module))

@@ -31,6 +31,7 @@ from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
 from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
+from glm_dist.parallel.pipeline import pipeline_inputs
 from glm_dist.parallel import universal
 from glm_dist.parallel.topology import Topology
 from glm_dist.train.checkpoint import CheckpointManager, saved_layout, universal_dir
@@ -130,19 +131,18 @@ class Trainer:
         from glm_dist.parallel import pipeline
         from glm_dist.parallel.tensor import shard_model
 
-        cfg = self.cfg
-        if cfg.model.family != "gpt" or cfg.objective.name != "clm":
-            raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={self.topo.pipeline}) runs the GPT family "
-                              f"(clm) so far, not {cfg.model.family}/{cfg.objective.name}")
+        cfg, n_layer = self.cfg, self.model_cfg.n_layer
         topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=self.topo.tensor, num_dp=self.topo.data)
-        pipe = pipeline.gpt_pipeline(model, stages=self.topo.pipeline, topology=topology,
-                                     checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+        build, rename = {"gpt": (pipeline.gpt_pipeline, pipeline._source_name),
+                         **{f: (pipeline.encoder_pipeline, pipeline.encoder_source_name)
+                            for f in pipeline.PIPELINE_ENCODERS}}[cfg.model.family]
+        pipe = build(model, stages=self.topo.pipeline, topology=topology,
+                     checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
         if self.topo.tensor > 1:
             self.tensor_group = pipe._grid.get_slice_parallel_group()
             shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group)
         pipeline.mark_for_grad_norm(pipe, tensor_rank=self.coords["tensor"])
-        n_layer = self.model_cfg.n_layer
-        self.naming = universal.Naming(rename=lambda key: pipeline._source_name(key, n_layer),
+        self.naming = universal.Naming(rename=lambda key: rename(key, n_layer),
                                        owned=lambda key: not key.startswith("tied_modules.") or pipe.stage_id == 0)
         return pipe
 
@@ -192,7 +192,7 @@ class Trainer:
         set_lr(self.engine, lr_at(step, self.cfg.train))
         if self.pipelined:  # DeepSpeed runs the micro batches through the stages (1F1B) and steps
             dev = self.engine.device
-            batches = [(b["input_ids"].to(dev), b["labels"].to(dev)) for b in self.loader.next_step()]
+            batches = [pipeline_inputs(self.cfg.objective.name, b, dev) for b in self.loader.next_step()]
             mean_loss = float(self.engine.train_batch(iter(batches)))  # the mean over all micro batches and replicas
             self.state.step += 1
             self.state.tokens += self.loader.global_batch_size * self.seq_len
@@ -259,7 +259,7 @@ class Trainer:
         if self.pipelined:
             from glm_dist.parallel.pipeline import pipeline_validate
 
-            metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths)
+            metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths, self.cfg.objective.name)
             metrics["tokens"] //= self.topo.pipeline * self.topo.tensor
             self.log.validation(self.state.step, metrics)
             return metrics
