@@ -147,7 +147,9 @@ def one_process(one_process_run):
 @pytest.mark.parametrize("nproc, layout", [
     # PP=2, 8 micro batches; consolidated from the per-layer files (no universal form)
     (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "train.universal_checkpoint=false"]),
-    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # + ZeRO-1
+    # + ZeRO-1, stages cut at balanced parameter counts
+    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "parallel.zero_stage=1",
+         "parallel.pipeline_partition=parameters"]),
     (4, ["parallel.pipeline_stages=4", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # PP=4 + ZeRO-1
     (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
 ], ids=["pp2", "pp2-zero1", "pp4", "dp2xpp2"])
@@ -309,3 +311,52 @@ def test_bf16_pipeline_with_zero1_accumulates_in_fp32(shards_dir, tmp_path, one_
     assert ds["bf16"]["enabled"] and ds["data_types"] == {"grad_accum_dtype": "fp32"}
     losses = pipe_run(shards_dir, tmp_path, *layout, nproc=2)
     assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) < 2e-3, (losses, one_process)
+
+
+def test_pipeline_partitions_by_blocks_or_parameters_and_refuses_empty_stages():
+    """The stage cuts DeepSpeed makes, predicted before any process starts; a parameter-balanced cut
+    that leaves a stage without a block (the last holding only the tied output) is refused."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+    from torch import nn
+
+    from glm_dist.models.gpt import GPTBlock, GPTEmbedding, gpt_config
+    from glm_dist.parallel.pipeline import TIED, TiedOutput, _logits, check_partition
+
+    cfg = gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048)
+    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
+             *[LayerSpec(GPTBlock, cfg, i) for i in range(4)], LayerSpec(nn.LayerNorm, 64),
+             TiedLayerSpec(TIED, TiedOutput, 2048, 64, forward_fn=_logits, tied_weight_attr=["wte.weight"])]
+    assert check_partition(specs, 2, "blocks", GPTBlock) == [0, 3, 7]
+    assert check_partition(specs, 4, "blocks", GPTBlock) == [0, 2, 3, 4, 7]
+    # the 2048 x 64 embedding outweighs two 50k-parameter blocks: stage 0 = embedding + 2 blocks
+    assert check_partition(specs, 2, "parameters", GPTBlock) == [0, 3, 7]
+    with pytest.raises(ValueError, match=r"leaves stage\(s\) \[0, 3\] without a GPTBlock .*\['TiedOutput'\]"):
+        check_partition(specs, 4, "parameters", GPTBlock)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_pipeline_skips_non_finite_steps_on_every_stage(zero_stage, shards_dir, tmp_path):
+    """PP=2: NaN activations at steps 2, 4, 5, 6 (every stage's forward is poisoned there). The
+    last stage sees the NaN loss, all ranks agree before DeepSpeed's optimizer step, the step is
+    skipped (the first stage's weights stay, nothing becomes NaN), and the fourth bad step stops the
+    run (train.max_skipped_steps=3) without saving."""
+    from tests.test_train import NAN_SCRIPT
+
+    args = [TINY, *PIPE, f"data.shards_dir={shards_dir}", f"train.out_dir={tmp_path}", "train.max_steps=20",
+            "train.max_skipped_steps=3", f"parallel.zero_stage={zero_stage}", "parallel.pipeline_stages=2",
+            "train.grad_accum_steps=2"]
+    script = tmp_path / "nan.py"
+    script.write_text(NAN_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), *args], cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reports = [json.loads(line.split("REPORT", 1)[1]) for line in proc.stdout.splitlines() if "REPORT" in line]
+    assert len(reports) == 2  # both stages
+    for report in reports:
+        steps = {r["step"]: r for r in report if "step" in r}
+        assert [steps[s]["changed"] for s in (0, 1, 3)] == [True, True, True]
+        assert [steps[s]["changed"] for s in (2, 4, 5)] == [False, False, False]
+        assert all(r["finite"] for r in steps.values()) and steps[5]["skipped"] == 3
+        assert "4 steps had a non-finite loss" in report[-1]["stopped"]
+    assert not (tmp_path / "checkpoints").exists()

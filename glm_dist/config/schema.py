@@ -113,6 +113,8 @@ class ParallelConfig:
     offload_optimizer: bool = _f(False, "ZeRO-Offload: optimizer state on the CPU (stage >= 1)")
     offload_params: bool = _f(False, "ZeRO-Infinity: parameters on the CPU too (stage 3)")
     pipeline_stages: int = _f(1, "pipeline-parallel size (model depth split into this many stages)")
+    pipeline_partition: Literal["blocks", "parameters"] = _f(
+        "blocks", "cut stages at equal numbers of transformer blocks, or at balanced parameter counts")
     tensor_parallel: int = _f(1, "tensor-parallel size (attention heads and FFN width split across ranks)")
     gpus_per_node: Optional[int] = _f(None, "for layout checks and glm plan: ranks per node (tensor parallelism stays inside a node)")
 

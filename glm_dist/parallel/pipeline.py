@@ -5,7 +5,10 @@ projection -- becomes layer specs of the same classes; the output projection is 
 of the token embedding, so the first and the last stage hold the same matrix and DeepSpeed
 all-reduces its gradient between them. Stages get equal numbers of transformer blocks (DeepSpeed's
 ``type:GPTBlock``; the embedding joins the first, the final norm and output the last), which also
-keeps a block on every stage: a stage holding only the tied output copy hangs ZeRO-1. The stage's weights are then copied from the whole model built with the run's seed,
+keeps a block on every stage: a stage holding only the tied output copy hangs ZeRO-1
+(``parallel.pipeline_partition=parameters`` balances parameter counts instead, and is refused
+when it would leave a stage without a block). The stage's weights are then copied from the whole
+model built with the run's seed,
 so a pipelined run starts from the same weights as an unpipelined one and follows the same loss
 trajectory. (Building the whole model first is fine up to what one host holds; beyond that,
 construct on the meta device.)
@@ -43,8 +46,33 @@ def clm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return clm.token_losses(logits, {"labels": labels}).mean()
 
 
-def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition_method: str = "type:GPTBlock",
-                 checkpoint_interval: int = 0):
+PARTITIONS = {"blocks": "type:{block}", "parameters": "parameters"}
+
+
+def check_partition(specs: list, stages: int, method: str, block: type) -> list[int]:
+    """The stage boundaries DeepSpeed will cut ``specs`` at (``parameters``: balanced parameter
+    counts; ``blocks``: equal numbers of ``block`` layers). Refused when a stage would get no
+    block -- e.g. the last stage holding only the tied output projection, which leaves ZeRO-1
+    hanging -- with the stages' contents in the message."""
+    from deepspeed.runtime import utils as ds_utils
+
+    is_block = [getattr(spec, "typename", None) is not None and issubclass(spec.typename, block) for spec in specs]
+    if method == "parameters":
+        with torch.device("meta"):
+            weights = [sum(p.numel() for p in spec.build().parameters()) for spec in specs]
+    else:  # what DeepSpeed's "type:" method balances: one per block
+        weights = [int(b) for b in is_block]
+    parts = [int(i) for i in ds_utils.partition_balanced(weights=weights, num_parts=stages)]
+    empty = [s for s in range(stages) if not any(is_block[parts[s]:parts[s + 1]])]
+    if empty:
+        names = [[getattr(spec, "typename", type(spec)).__name__ for spec in specs[parts[s]:parts[s + 1]]]
+                 for s in range(stages)]
+        raise ValueError(f"partitioning {len(specs)} layers into {stages} stages by {method} leaves stage(s) {empty} "
+                         f"without a {block.__name__} ({names}); use parallel.pipeline_partition=blocks or fewer stages")
+    return parts
+
+
+def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition: str = "blocks", checkpoint_interval: int = 0):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
@@ -56,8 +84,9 @@ def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition_method: st
              LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
              TiedLayerSpec(TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits,
                            tied_weight_attr=["wte.weight"])]
+    check_partition(specs, stages, partition, GPTBlock)
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=clm_loss, partition_method=partition_method,
+                          loss_fn=clm_loss, partition_method=PARTITIONS[partition].format(block="GPTBlock"),
                           activation_checkpoint_interval=checkpoint_interval)
     copy_weights(model, pipe)
     mark_for_grad_norm(pipe)
@@ -103,6 +132,43 @@ def copy_weights(model: nn.Module, pipe: nn.Module, rename=None) -> None:
             raise ValueError(f"{key}: shape {tuple(target[key].shape)} != model's {name} {tuple(source[name].shape)}")
         target[key] = source[name]
     pipe.load_state_dict(target, strict=True)
+
+
+class NonFiniteGuard:
+    """Skip a pipelined optimizer step whose loss was not finite, on every rank at once.
+
+    DeepSpeed's pipeline engine runs forward, backward and the optimizer step inside one
+    ``train_batch``. The last stage's loss function notes a non-finite micro-batch loss; just before
+    the step (the schedule's OptimizerStep, which every stage reaches) the ranks agree on it with an
+    all-reduce, and the optimizer's ``skip_next`` leaves weights and moments untouched -- the same
+    mechanism as the unpipelined loop."""
+
+    def __init__(self, engine, optimizer):
+        from deepspeed.runtime.pipe.schedule import OptimizerStep
+
+        from glm_dist.parallel.distributed import all_reduce
+
+        self.seen_bad, self.skipped = False, False
+        inner = engine.module.loss_fn
+
+        def loss_fn(outputs, labels):
+            loss = inner(outputs, labels)
+            self.seen_bad |= not bool(torch.isfinite(loss.detach()).all())
+            return loss
+
+        step = type(engine)._INSTRUCTION_MAP[OptimizerStep]
+
+        def guarded_step(engine_self, *args, **kwargs):
+            self.skipped = all_reduce([float(self.seen_bad)], "max")[0] > 0
+            self.seen_bad = False
+            optimizer.skip_next = self.skipped
+            try:
+                return step(engine_self, *args, **kwargs)
+            finally:
+                optimizer.skip_next = False
+
+        engine.module.loss_fn = loss_fn
+        engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, OptimizerStep: guarded_step}
 
 
 def pipeline_validate(engine, batches, byte_lengths: torch.Tensor, objective: str = "clm") -> dict[str, float]:
@@ -239,7 +305,8 @@ def encoder_source_name(key: str, n_layer: int) -> str | None:
     return None
 
 
-def encoder_pipeline(model: Encoder, *, stages: int, topology=None, checkpoint_interval: int = 0):
+def encoder_pipeline(model: Encoder, *, stages: int, topology=None, partition: str = "blocks",
+                     checkpoint_interval: int = 0):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
@@ -251,8 +318,9 @@ def encoder_pipeline(model: Encoder, *, stages: int, topology=None, checkpoint_i
              LayerSpec(MLMTransform, cfg),
              TiedLayerSpec(TIED, TiedWord, cfg, forward_fn=_decode, tied_weight_attr=["word.weight"]),
              LayerSpec(DecoderBias, cfg.vocab_size)]
+    check_partition(specs, stages, partition, EncoderBlock)
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=mlm_loss, partition_method="type:EncoderBlock",
+                          loss_fn=mlm_loss, partition_method=PARTITIONS[partition].format(block="EncoderBlock"),
                           activation_checkpoint_interval=checkpoint_interval)
     copy_weights(model, pipe, rename=lambda key: encoder_source_name(key, cfg.n_layer))
     mark_for_grad_norm(pipe)

@@ -84,6 +84,10 @@ class Trainer:
         dp_rank, dp_size = self.coords["data"], self.topo.data
         self.optimizer = build_optimizer(model, cfg.train)
         self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size, mpu=self.mpu)
+        if self.pipelined:
+            from glm_dist.parallel.pipeline import NonFiniteGuard
+
+            self.guard = NonFiniteGuard(self.engine, self.optimizer)
         loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective),
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                            grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=dp_rank,
@@ -136,8 +140,11 @@ class Trainer:
         build, rename = {"gpt": (pipeline.gpt_pipeline, pipeline._source_name),
                          **{f: (pipeline.encoder_pipeline, pipeline.encoder_source_name)
                             for f in pipeline.PIPELINE_ENCODERS}}[cfg.model.family]
-        pipe = build(model, stages=self.topo.pipeline, topology=topology,
-                     checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+        try:
+            pipe = build(model, stages=self.topo.pipeline, topology=topology, partition=cfg.parallel.pipeline_partition,
+                         checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.topo.tensor > 1:
             self.tensor_group = pipe._grid.get_slice_parallel_group()
             shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group)
@@ -196,6 +203,8 @@ class Trainer:
             mean_loss = float(self.engine.train_batch(iter(batches)))  # the mean over all micro batches and replicas
             self.state.step += 1
             self.state.tokens += self.loader.global_batch_size * self.seq_len
+            if self.guard.skipped:
+                self._count_skip(mean_loss)
             self._log_step(mean_loss, time.perf_counter() - t0)
             return
         losses, bad = [], False
