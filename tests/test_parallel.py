@@ -252,6 +252,14 @@ def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shar
     one_process, reference = one_process_run
     losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
     assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
+    if "parallel.pipeline_stages=2" not in layout:  # each tensor rank holds what glm plan says it holds
+        from glm_dist.parallel.plan import params_per_rank
+
+        shape = model_shape("gpt", model_config(load_config(TINY, [o for o in PIPE if o.startswith("model.")])))
+        measured = [json.loads((tmp_path / f"model_states_rank{r}.json").read_text())["params"] / 4 for r in range(4)]
+        whole = json.loads((reference / "model_states_rank0.json").read_text())["params"] / 4
+        assert whole == shape.params == params_per_rank(shape, 1, 1)
+        assert all(abs(m / params_per_rank(shape, 1, 2) - 1) < 0.01 for m in measured), measured
     # The slices reassemble into the one-process weights (the universal form export-hf reads).
     ours, _ = consolidated_state_dict(tmp_path / "checkpoints/step_00000005")
     theirs, _ = consolidated_state_dict(reference / "checkpoints/step_00000005")

@@ -8,8 +8,10 @@ gathered while it runs); offload moves the partitioned states (and with ``offloa
 weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead.
 
 With pipeline parallelism a rank holds one stage's parameters (the layers split evenly by count, as
-glm train partitions them; the tied token embedding sits on the first and the last stage); with tensor parallelism the matrices
-are split ``tp`` ways. Activations per layer and micro-batch follow Korthikanti et al. (2022) for
+glm train partitions them; the tied token embedding sits on the first and the last stage); with tensor
+parallelism the transformer blocks are split ``tp`` ways (attention heads and FFN width, as glm train's
+``parallel/tensor.py`` splits them) while the embedding, the output head and the fp32 logits stay whole on
+every tensor rank. Activations per layer and micro-batch follow Korthikanti et al. (2022) for
 a fused-attention transformer (no s x s score matrix kept): ``s*b*h*(10 + 24/tp)`` bytes in 16-bit,
 ``2*s*b*h`` with activation checkpointing (the layer input) plus one layer recomputed; the first
 pipeline stage keeps ``min(pp, m)`` micro-batches in flight under 1F1B, and the last stage the fp32
@@ -84,15 +86,23 @@ def stage_params(units: list[int], stages: int) -> list[int]:
     return out + [0] * (stages - len(out))
 
 
-def stage_params_by_layers(units: list[int], stages: int) -> list[int]:
-    """Parameters per stage when the layers between the first unit (embedding) and the last (head)
-    are split evenly by count -- glm train's partition (DeepSpeed ``type:GPTBlock``)."""
-    inner = units[1:-1]
+def stage_params_by_layers(units: list[int], stages: int, tp: int = 1) -> list[float]:
+    """Parameters per stage (per tensor rank) when the layers between the first unit (embedding) and
+    the last (head) are split evenly by count -- glm train's partition (DeepSpeed ``type:GPTBlock``);
+    tensor parallelism splits the layers, not the embedding or head."""
+    inner = [u / tp for u in units[1:-1]]
     bounds = [round(len(inner) * i / stages) for i in range(stages + 1)]
     out = [sum(inner[bounds[i]:bounds[i + 1]]) for i in range(stages)]
     out[0] += units[0]
     out[-1] += units[-1] if len(units) > 1 else 0
     return out
+
+
+def params_per_rank(shape: ModelShape, pp: int, tp: int) -> float:
+    """Parameters on the fullest rank: its stage's share of the layers (split ``tp`` ways) plus the
+    embedding / head its stage holds; unpipelined, the tied output weight is the embedding itself."""
+    most = max(stage_params_by_layers(shape.units, pp, tp))
+    return most - (sum(shape.units) - shape.params) if pp == 1 else most
 
 
 @dataclass
@@ -158,14 +168,13 @@ def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, 
         if global_batch % (micro_batch * dp):
             continue
         micro_batches = global_batch // (micro_batch * dp)
-        stages = stage_params_by_layers(shape.units, pp)
-        rank_params = max(stages) / tp
-        largest = shape.largest_layer / tp
+        rank_params = params_per_rank(shape, pp, tp)
+        largest = shape.largest_layer  # the token embedding, whole on every tensor rank
         layers_per_stage = -(-shape.n_layer // pp)
         s, b, h = seq_len, micro_batch, shape.d_model
         in_flight = min(pp, micro_batches) if pp > 1 else 1
         per_layer = s * b * h * (10 + 24 / tp)
-        logits = 4 * s * b * shape.vocab / tp
+        logits = 4 * s * b * shape.vocab
         act = per_layer * layers_per_stage * in_flight + logits
         act_ckpt = 2 * s * b * h * layers_per_stage * in_flight + per_layer + logits
         bubble = (pp - 1) / (micro_batches + pp - 1) if pp > 1 else 0.0
