@@ -1,5 +1,6 @@
 """Parallel layouts on the CPU (gloo): tokens/s and measured per-rank model-state memory of the same
-GPT at 1, 2 and 4 ranks for each layout, and the pipeline bubble measured against (p-1)/(m+p-1).
+GPT at 1, 2 and 4 ranks for each layout (data, pipeline, tensor parallelism and their products), and
+the pipeline bubble measured against (p-1)/(m+p-1).
 
 Each layout trains the same model with the same global batch for a few steps under torchrun;
 tokens/s is the median over the steps after the first, and memory is what each rank holds
@@ -32,13 +33,17 @@ LAYOUTS = [  # (name, processes, overrides)
     ("DP=4, ZeRO-3", 4, ["parallel.zero_stage=3"]),
     ("DP=2 x PP=2, ZeRO-1", 4, ["parallel.pipeline_stages=2", "parallel.zero_stage=1"]),
     ("PP=4, ZeRO-1", 4, ["parallel.pipeline_stages=4", "parallel.zero_stage=1"]),
+    ("TP=2", 2, ["parallel.tensor_parallel=2"]),
+    ("TP=2 x DP=2, ZeRO-1", 4, ["parallel.tensor_parallel=2", "parallel.zero_stage=1"]),
+    ("TP=2 x PP=2, ZeRO-1", 4, ["parallel.tensor_parallel=2", "parallel.pipeline_stages=2", "parallel.zero_stage=1"]),
 ]
 
 
 def run(name: str, nproc: int, extra: list[str], shards: str, out: Path, args) -> dict:
     micro, global_batch = 2, 16
     pp = next((int(o.split("=")[1]) for o in extra if o.startswith("parallel.pipeline_stages=")), 1)
-    dp = nproc // pp
+    tp = next((int(o.split("=")[1]) for o in extra if o.startswith("parallel.tensor_parallel=")), 1)
+    dp = nproc // (pp * tp)
     cfg = ["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), f"data.shards_dir={shards}",
            f"train.out_dir={out}", f"model.d_model={args.d_model}", "model.n_layer=4", "model.n_head=4",
            "data.seq_len=128", f"train.micro_batch_size={micro}", f"train.grad_accum_steps={global_batch // (micro * dp)}",
