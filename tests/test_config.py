@@ -118,3 +118,15 @@ def test_t5_inverse_sqrt_schedule_is_flat_during_warmup_then_decays():
     assert [lr_at(s, t) for s in (0, 9999)] == [0.01, 0.01]  # 1 / sqrt(10k)
     assert lr_at(39999, t) == pytest.approx(0.005) and lr_at(4 * 40000 - 1, t) == pytest.approx(0.0025)
     assert t.optimizer == "adafactor"
+
+
+def test_every_published_size_has_a_recipe_with_a_layout():
+    """configs/experiments/published/ holds a recipe for every size with a published parameter count."""
+    from pathlib import Path
+
+    from glm_dist.models.registry import FAMILIES, published_flavors
+
+    recipes = [load_config(p) for p in (Path(TINY).parents[0] / "published").glob("*.yaml")]
+    covered = {r.model.flavor for r in recipes}
+    sizes = {name for family in FAMILIES for name in published_flavors(family)}
+    assert sizes - covered == set()
