@@ -122,6 +122,16 @@ PIPE = ["model.n_layer=4", "model.d_model=64", "model.n_head=4", "data.seq_len=6
 PIPE_TOL = 1e-5  # fp32; pipelines differ from one process only in summation order
 
 
+def assert_same_weights(ours_dir, theirs_dir, tol=1e-4):
+    """Two checkpoints consolidate to the same fp32 state dict (what export-hf reads)."""
+    from glm_dist.train.checkpoint import consolidated_state_dict
+
+    ours, _ = consolidated_state_dict(ours_dir)
+    theirs, _ = consolidated_state_dict(theirs_dir)
+    assert set(ours) == set(theirs)
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < tol
+
+
 def pipe_run(shards_dir, out, *extra, nproc=1):
     from tests.conftest import run_glm
 
@@ -154,17 +164,13 @@ def one_process(one_process_run):
     (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
 ], ids=["pp2", "pp2-zero1", "pp4", "dp2xpp2"])
 def test_pipeline_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process_run):
-    from glm_dist.train.checkpoint import consolidated_state_dict
 
     one_process, reference = one_process_run
     losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
     assert len(losses) == len(one_process) == 5
     assert max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
     # The pipelined checkpoint consolidates to the unpipelined model's weights (what export-hf reads).
-    ours, _ = consolidated_state_dict(tmp_path / "checkpoints/step_00000005")
-    theirs, _ = consolidated_state_dict(reference / "checkpoints/step_00000005")
-    assert set(ours) == set(theirs)
-    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-4
+    assert_same_weights(tmp_path / "checkpoints/step_00000005", reference / "checkpoints/step_00000005")
 
 
 @pytest.mark.slow
@@ -247,8 +253,6 @@ def test_tensor_slices_take_each_fused_part_and_reassemble():
          "parallel.zero_stage=1"]),  # TP=2 x PP=2
 ], ids=["tp2xdp2", "tp2xpp2"])
 def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process_run):
-    from glm_dist.train.checkpoint import consolidated_state_dict
-
     one_process, reference = one_process_run
     losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
     assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
@@ -261,26 +265,36 @@ def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shar
         assert whole == shape.params == params_per_rank(shape, 1, 1)
         assert all(abs(m / params_per_rank(shape, 1, 2) - 1) < 0.01 for m in measured), measured
     # The slices reassemble into the one-process weights (the universal form export-hf reads).
-    ours, _ = consolidated_state_dict(tmp_path / "checkpoints/step_00000005")
-    theirs, _ = consolidated_state_dict(reference / "checkpoints/step_00000005")
-    assert set(ours) == set(theirs)
-    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-4
+    assert_same_weights(tmp_path / "checkpoints/step_00000005", reference / "checkpoints/step_00000005")
+
+
+UNIVERSAL_LEGS = {
+    # Steps 1-2 at DP=4 (ZeRO-1), 3-4 at DP=2 x PP=2 (ZeRO-1), 5 at TP=2 x DP=2 (ZeRO-0)
+    "dp4-dp2xpp2-tp2xdp2": (4, [["train.grad_accum_steps=2", "parallel.zero_stage=1", "train.stop_at_step=2"],
+                                ["parallel.pipeline_stages=2", "train.grad_accum_steps=4", "parallel.zero_stage=1",
+                                 "train.stop_at_step=4"],
+                                ["parallel.tensor_parallel=2", "train.grad_accum_steps=4"]],
+                            {"data": 2, "pipeline": 1, "tensor": 2, "zero_stage": 0}),
+    # 2 ranks: ZeRO-1, then ZeRO-3 (moments into its flat partitions), then PP=2 (ZeRO-0)
+    "zero1-zero3-pp2": (2, [["train.grad_accum_steps=4", "parallel.zero_stage=1", "train.stop_at_step=2"],
+                            ["train.grad_accum_steps=4", "parallel.zero_stage=3", "train.stop_at_step=4"],
+                            ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]],
+                        {"data": 1, "pipeline": 2, "tensor": 1, "zero_stage": 0}),
+}
 
 
 @pytest.mark.slow
-def test_universal_checkpoint_resumes_on_other_layouts(shards_dir, tmp_path, one_process):
-    """Steps 1-2 at DP=4 (ZeRO-1), 3-4 at DP=2 x PP=2 (ZeRO-1), 5 at TP=2 x DP=2 (ZeRO-0): the loss
-    per step stays the one-process run's (the same global batch of 16 sequences throughout)."""
-    legs = [(["train.grad_accum_steps=2", "parallel.zero_stage=1", "train.stop_at_step=2"], 2),
-            (["parallel.pipeline_stages=2", "train.grad_accum_steps=4", "parallel.zero_stage=1",
-              "train.stop_at_step=4"], 4),
-            (["parallel.tensor_parallel=2", "train.grad_accum_steps=4"], 5)]
-    for layout, steps in legs:
-        losses = pipe_run(shards_dir, tmp_path, *layout, nproc=4)
+@pytest.mark.parametrize("legs", list(UNIVERSAL_LEGS))
+def test_universal_checkpoint_resumes_on_other_layouts(legs, shards_dir, tmp_path, one_process):
+    """Each leg resumes the previous leg's checkpoint on another layout; the loss per step stays
+    the one-process run's (the same global batch of 16 sequences throughout)."""
+    nproc, layouts, last = UNIVERSAL_LEGS[legs]
+    for layout, steps in zip(layouts, (2, 4, 5)):
+        losses = pipe_run(shards_dir, tmp_path, *layout, nproc=nproc)
         assert len(losses) == steps
     assert max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
     meta = json.loads((tmp_path / "checkpoints/step_00000005/meta.json").read_text())
-    assert meta["layout"] == {"data": 2, "pipeline": 1, "tensor": 2, "zero_stage": 0}
+    assert meta["layout"] == last
 
 
 @pytest.mark.slow
@@ -288,7 +302,6 @@ def test_encoder_pipeline_and_tensor_parallel_match_one_process(shards, tmp_path
     """RoBERTa (dynamic MLM): heads and FFN split over 2 ranks (TP=2), and cut into 2 stages with the
     MLM decoder tied to the first stage's word embedding, each stage split in 2 (PP=2 x TP=2):
     the one-process losses, and the one-process weights after consolidation."""
-    from glm_dist.train.checkpoint import consolidated_state_dict
     from tests.conftest import run_glm, train_losses
 
     cfg = str(ROOT / "configs/experiments/roberta-tiny-cpu.yaml")
@@ -299,13 +312,10 @@ def test_encoder_pipeline_and_tensor_parallel_match_one_process(shards, tmp_path
     for name, (extra, nproc) in runs.items():
         run_glm([*args, f"train.out_dir={tmp_path / name}", *extra], nproc=nproc)
     one = train_losses(tmp_path / "one")
-    theirs, _ = consolidated_state_dict(tmp_path / "one/checkpoints/step_00000003")
     for name in ("tp2", "pp2xtp2"):
         losses = train_losses(tmp_path / name)
         assert len(losses) == 3 and max(abs(a - b) for a, b in zip(one, losses)) <= PIPE_TOL, (name, one, losses)
-        ours, _ = consolidated_state_dict(tmp_path / name / "checkpoints/step_00000003")
-        assert set(ours) == set(theirs)
-        assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-4, name
+        assert_same_weights(tmp_path / name / "checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003")
 
 
 @pytest.mark.slow

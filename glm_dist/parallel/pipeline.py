@@ -104,8 +104,9 @@ def mark_for_grad_norm(pipe, tensor_rank: int = 0) -> None:
     mark(pipe, tensor_rank, exclude=tied if pipe.stage_id != 0 else set())
 
 
-def _source_name(key: str, n_layer: int) -> str | None:
-    """The unpipelined GPT's name for a PipelineModule state-dict key."""
+def _unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | None:
+    """The unpipelined model's name for a PipelineModule state-dict key: the tied embedding, the
+    blocks (layers 1..n_layer), and ``after[k]`` as the prefix of layer ``n_layer + k``."""
     if key.startswith(f"tied_modules.{TIED}."):
         return "embed." + key[len(f"tied_modules.{TIED}."):]
     idx, _, rest = key.partition(".")
@@ -114,9 +115,13 @@ def _source_name(key: str, n_layer: int) -> str | None:
     i = int(idx)
     if 1 <= i <= n_layer:
         return f"blocks.{i - 1}.{rest}"
-    if i == n_layer + 1:
-        return f"head.ln_f.{rest}"
-    return None
+    prefix = after.get(i - n_layer)
+    return None if prefix is None else prefix + rest
+
+
+def _source_name(key: str, n_layer: int) -> str | None:
+    """GPT: the final LayerNorm follows the blocks."""
+    return _unpipelined_name(key, n_layer, {1: "head.ln_f."})
 
 
 def copy_weights(model: nn.Module, pipe: nn.Module, rename=None) -> None:
@@ -289,20 +294,8 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def encoder_source_name(key: str, n_layer: int) -> str | None:
-    """The unpipelined Encoder's name for a PipelineModule state-dict key."""
-    if key.startswith(f"tied_modules.{TIED}."):
-        return "embed." + key[len(f"tied_modules.{TIED}."):]
-    idx, _, rest = key.partition(".")
-    if not idx.isdigit():
-        return None
-    i = int(idx)
-    if 1 <= i <= n_layer:
-        return f"blocks.{i - 1}.{rest}"
-    if i == n_layer + 1:
-        return f"head.mlm.{rest}"
-    if i == n_layer + 3 and rest == "bias":
-        return "head.mlm.decoder.bias"
-    return None
+    """Encoder: the MLM transform, then (after the tied decoder weight) the decoder's bias."""
+    return _unpipelined_name(key, n_layer, {1: "head.mlm.", 3: "head.mlm.decoder."})
 
 
 def encoder_pipeline(model: Encoder, *, stages: int, topology=None, partition: str = "blocks",

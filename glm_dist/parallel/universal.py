@@ -185,15 +185,17 @@ def _init_state(engine, base, keys: list[str], step: float) -> None:
     """Give the optimizer moments to overwrite: DeepSpeed creates them lazily at the first step,
     so a fresh engine has none. ZeRO / bf16 wrappers keep one flat fp32 partition per group."""
     wrapped = base is not engine.optimizer
-    for group in base.param_groups:
-        for flat in group["params"]:
-            state = base.state[flat]
-            if wrapped and not state:
-                state.update({k: torch.zeros_like(flat) for k in keys})
-            if wrapped:
-                state["step"] = torch.tensor(step)
-    if wrapped:
-        _relink(engine)
+    if not wrapped:
+        return
+    # ZeRO-3 keeps its flat fp32 partitions (one per sub-group) outside the base optimizer's groups
+    flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None) or [
+        flat for group in base.param_groups for flat in group["params"]]
+    for flat in flats:
+        state = base.state[flat]
+        if not state:
+            state.update({k: torch.zeros_like(flat) for k in keys})
+        state["step"] = torch.tensor(step)
+    _relink(engine)
 
 
 def _relink(engine) -> None:
