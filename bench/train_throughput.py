@@ -6,6 +6,11 @@ the ratio, and model FLOPs utilisation against the matmul peak measured in the s
 
     python bench/train_throughput.py                 # GPT-2 small width, 4 layers, seq 256, batch 4
     python bench/train_throughput.py --n-layer 12 --rounds 3   # full GPT-2 small
+
+On a GPU (picked automatically when CUDA is available; DeepSpeed then uses nccl) the same table is
+the issue's MFU figure of a GPT-2 124M bf16 step against the GPU's measured matmul peak:
+
+    python bench/train_throughput.py --n-layer 12 --seq-len 1024 --batch 16 --modes bf16
 """
 from __future__ import annotations
 
@@ -25,12 +30,15 @@ from glm_dist.parallel.engine import build_engine
 from glm_dist.train.optim import build_optimizer
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4):
     cfg = load_config(None, [f"train.precision={precision}", f"train.micro_batch_size={batch}",
                              "parallel.zero_stage=0", "train.grad_clip=1.0", f"train.lr={lr}"])
     model = GPT(cfg_model)
     engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-autocast" else contextlib.nullcontext()
+    ctx = torch.autocast(DEVICE, dtype=torch.bfloat16) if precision == "bf16-autocast" else contextlib.nullcontext()
 
     def step(x, y):
         with ctx:
@@ -48,13 +56,13 @@ def hf_step_fn(cfg_model, precision: str, lr: float = 1e-4):
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=cfg_model.vocab_size, n_positions=cfg_model.context_length,
                                        n_embd=cfg_model.d_model, n_layer=cfg_model.n_layer, n_head=cfg_model.n_head,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).to(DEVICE)
     model.train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
     # transformers' Trainer with bf16=True runs the forward under autocast; it is the peer of both our modes.
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision != "fp32" else contextlib.nullcontext()
+    ctx = torch.autocast(DEVICE, dtype=torch.bfloat16) if precision != "fp32" else contextlib.nullcontext()
 
     def step(x, y):
         with ctx:
@@ -94,12 +102,15 @@ def main() -> None:
                       context_length=max(args.seq_len, 1024))
     with torch.device("meta"):
         flops_per_token = GPT(mcfg).num_flops_per_token(args.seq_len)
-    x = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len))
-    y = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len))
+    x = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
+    y = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
     tokens = args.batch * args.seq_len
-    peaks = {"fp32": measure_matmul_peak(torch.float32), "bf16": measure_matmul_peak(torch.bfloat16)}
+    n = 8192 if DEVICE == "cuda" else 2048
+    peaks = {"fp32": measure_matmul_peak(torch.float32, n=n, device=DEVICE),
+             "bf16": measure_matmul_peak(torch.bfloat16, n=n, device=DEVICE)}
     print(f"GPT-2 config: {mcfg.n_layer} layers, d_model {mcfg.d_model}, {mcfg.n_head} heads, vocab {mcfg.vocab_size}; "
-          f"batch {args.batch} x seq {args.seq_len}; threads {torch.get_num_threads()}")
+          f"batch {args.batch} x seq {args.seq_len}; "
+          + (torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU threads {torch.get_num_threads()}"))
     print(f"measured matmul peak: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s\n")
     rows = []
     for mode in args.modes.split(","):
