@@ -378,3 +378,20 @@ def test_pipeline_skips_non_finite_steps_on_every_stage(zero_stage, shards_dir, 
         assert all(r["finite"] for r in steps.values()) and steps[5]["skipped"] == 3
         assert "4 steps had a non-finite loss" in report[-1]["stopped"]
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [
+    ["parallel.zero_stage=2", "parallel.offload_optimizer=true"],  # ZeRO-Offload
+    ["parallel.zero_stage=3", "parallel.offload_optimizer=true", "parallel.offload_params=true"],  # + parameters
+], ids=["zero2-offload", "zero3-offload-params"])
+def test_zero_cpu_offload_matches_one_process(layout, shards_dir, tmp_path, one_process):
+    """CPU offload of the optimizer states (and of the parameters under ZeRO-3), configured from the
+    config tree, on 2 ranks: the one-process loss per step."""
+    from glm_dist.config.deepspeed_json import deepspeed_config
+
+    zero = deepspeed_config(load_config(TINY, layout), dp_size=2)["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == "cpu"
+    assert ("offload_param" in zero) == ("parallel.offload_params=true" in layout)
+    losses = pipe_run(shards_dir, tmp_path, *layout, "train.grad_accum_steps=4", nproc=2)
+    assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)

@@ -9,8 +9,10 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1) -> dict:
     zero: dict = {"stage": p.zero_stage}
     if p.zero_stage >= 1:
         zero.update(overlap_comm=False, contiguous_gradients=True)
-    if p.offload_optimizer:
+    if p.offload_optimizer:  # ZeRO-Offload: fp32 master weights and moments on the CPU
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if p.offload_params:  # ZeRO-Infinity (stage 3): the parameter partitions on the CPU as well
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
     extra = {}
     if t.precision == "bf16" and p.zero_stage == 1:
         # Accumulate micro-batch gradients in fp32 (DeepSpeed's BF16_Optimizer, which shards the
@@ -29,6 +31,9 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1) -> dict:
         # optimizer; a non-finite gradient norm skips the step (check_grad_overflow).
         "bf16": {"enabled": t.precision == "bf16", "check_grad_overflow": True},
         "zero_allow_untested_optimizer": True,
+        # Offloaded optimizer states are stepped by our own optimizer (torch's fused CPU AdamW, which
+        # keeps the skip-a-bad-step hook) rather than DeepSpeedCPUAdam, which needs a compiled op.
+        "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
