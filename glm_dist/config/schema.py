@@ -94,6 +94,10 @@ class TrainConfig:
     eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
     save_interval: int = _f(0, "checkpoint every N steps (0: only at the end)")
     keep_last: int = _f(3, "keep the newest N checkpoints (older ones are deleted after a save)")
+    init: Literal["whole", "local"] = _f(
+        "whole", "'whole': every rank builds the whole model from the seed and keeps its part (pipelined runs "
+        "start exactly as one process); 'local': a pipeline stage builds and initialises only its own layers, "
+        "each parameter from its own seeded generator (sizes whose whole model does not fit a host)")
     universal_checkpoint: bool = _f(True, "also save each checkpoint in universal form (whole fp32 weights and "
                                     "optimizer moments per parameter, +12 bytes/param on disk) so it resumes on any layout")
     keep_every: int = _f(0, "also keep every checkpoint whose step is a multiple of M (0: none)")

@@ -72,7 +72,19 @@ def check_partition(specs: list, stages: int, method: str, block: type) -> list[
     return parts
 
 
-def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition: str = "blocks", checkpoint_interval: int = 0):
+def _fill(model: nn.Module, pipe: nn.Module, rename, family: str, local_seed: int | None) -> None:
+    """The stage's weights: copied from the whole model, or (``local_seed``) drawn per parameter
+    without it (``parallel/init.py``)."""
+    if local_seed is None:
+        copy_weights(model, pipe, rename=rename)
+    else:
+        from glm_dist.parallel.init import init_stage
+
+        init_stage(pipe, rename, family=family, n_layer=model.cfg.n_layer, seed=local_seed)
+
+
+def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition: str = "blocks", checkpoint_interval: int = 0,
+                 local_seed: int | None = None):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
@@ -88,7 +100,7 @@ def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition: str = "bl
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
                           loss_fn=clm_loss, partition_method=PARTITIONS[partition].format(block="GPTBlock"),
                           activation_checkpoint_interval=checkpoint_interval)
-    copy_weights(model, pipe)
+    _fill(model, pipe, lambda key: _source_name(key, cfg.n_layer), "gpt", local_seed)
     mark_for_grad_norm(pipe)
     return pipe
 
@@ -299,7 +311,7 @@ def encoder_source_name(key: str, n_layer: int) -> str | None:
 
 
 def encoder_pipeline(model: Encoder, *, stages: int, topology=None, partition: str = "blocks",
-                     checkpoint_interval: int = 0):
+                     checkpoint_interval: int = 0, local_seed: int | None = None):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
@@ -315,6 +327,6 @@ def encoder_pipeline(model: Encoder, *, stages: int, topology=None, partition: s
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
                           loss_fn=mlm_loss, partition_method=PARTITIONS[partition].format(block="EncoderBlock"),
                           activation_checkpoint_interval=checkpoint_interval)
-    copy_weights(model, pipe, rename=lambda key: encoder_source_name(key, cfg.n_layer))
+    _fill(model, pipe, lambda key: encoder_source_name(key, cfg.n_layer), "encoder", local_seed)
     mark_for_grad_norm(pipe)
     return pipe

@@ -154,6 +154,14 @@ def load_weights(model: nn.Module, directory: Path) -> None:
                 b.copy_(sd[name])
 
 
+def load_stage(module: nn.Module, directory: Path, rename) -> None:
+    """Load the fp32 weights of this pipeline stage's (full, unsliced) layers only -- for runs that
+    never build the whole model (``train.init=local``)."""
+    with torch.no_grad():
+        for key, p in module.named_parameters():
+            p.copy_(torch.load(directory / f"{rename(key)}.pt", map_location="cpu", weights_only=True)["fp32"])
+
+
 def load_optimizer(engine, directory: Path, naming: Naming, *, tensor_rank: int = 0, tensor_size: int = 1) -> None:
     """Set every local parameter's fp32 master and moments from its file (this rank's slice)."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state

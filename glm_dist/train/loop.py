@@ -63,7 +63,10 @@ class Trainer:
                               f"model.vocab_size is {self.model_cfg.vocab_size}; set model.vocab_size >= {vocab}")
         self.seq_len = seq_len(cfg)
         torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model.family, self.model_cfg)
+        # train.init=local: only this pipeline stage's layers are ever built (parallel/init.py)
+        self.local_init = cfg.train.init == "local" and cfg.parallel.pipeline_stages > 1
+        with torch.device("meta") if self.local_init else contextlib.nullcontext():
+            model = build_model(cfg.model.family, self.model_cfg)
         model.activation_checkpointing = cfg.train.activation_checkpointing
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
         p = cfg.parallel
@@ -74,7 +77,7 @@ class Trainer:
         # (stages and tensor slices are cut from them below), the optimizer moments once the
         # engine exists.
         self.universal = self.resume_from is not None and saved_layout(self.resume_from) != self.layout
-        if self.universal:
+        if self.universal and not self.local_init:
             universal.load_weights(model, universal_dir(self.resume_from))
         self.mpu, self.naming, self.tensor_group = None, universal.Naming(), None
         if self.pipelined:
@@ -142,9 +145,12 @@ class Trainer:
                             for f in pipeline.PIPELINE_ENCODERS}}[cfg.model.family]
         try:
             pipe = build(model, stages=self.topo.pipeline, topology=topology, partition=cfg.parallel.pipeline_partition,
-                         checkpoint_interval=1 if cfg.train.activation_checkpointing else 0)
+                         checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
+                         local_seed=cfg.train.seed if self.local_init else None)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        if self.universal and self.local_init:  # the stage's weights from the universal checkpoint
+            universal.load_stage(pipe, universal_dir(self.resume_from), lambda key: rename(key, n_layer))
         if self.topo.tensor > 1:
             self.tensor_group = pipe._grid.get_slice_parallel_group()
             shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group)
