@@ -193,9 +193,11 @@ def finetune_seq2seq(args: FinetuneArgs) -> dict:
         history.append({"epoch": epoch + 1, "valid_exact_match": exact})
     targets = [str(r[args.label_field]) for r in valid_rows]
     majority = max(targets.count(t) for t in set(targets)) / len(targets)
+    answers = {str(r[args.label_field]).strip() for r in train_rows}  # the task's output space
     result = {"checkpoint": args.checkpoint, "task": "seq2seq", "train_examples": len(train_rows),
               "valid_examples": len(valid_rows), "majority_baseline": majority,
               "valid_exact_match": history[-1]["valid_exact_match"], "history": history,
+              "valid_in_output_space": sum(p in answers for p in predictions) / len(predictions),
               "examples": [{"input": r[args.text_field][:80], "target": r[args.label_field], "output": p}
                            for r, p in zip(valid_rows[:3], predictions[:3])]}
     if args.out:
