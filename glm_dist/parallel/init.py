@@ -22,8 +22,8 @@ from torch import nn
 def _draw(name: str, shape: torch.Size, *, family: str, n_layer: int, seed: int) -> torch.Tensor:
     """The family's initial value of the unsplit parameter ``name`` (GPT-2's rule for GPT; the
     BERT rule for encoders), from a generator of its own."""
-    leaf, owner = name.rsplit(".", 1)[-1], name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
-    if "ln" in owner:  # LayerNorm gain and bias
+    *path, leaf = name.split(".")
+    if path and "ln" in path[-1]:  # LayerNorm gain and bias (ln_1, ln_f, ln_attn, ...)
         return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
     if leaf == "bias":
         return torch.zeros(shape)
