@@ -33,7 +33,9 @@ LAYOUTS = [  # (name, processes, overrides)
     ("DP=4, ZeRO-3", 4, ["parallel.zero_stage=3"]),
     ("DP=2 x PP=2, ZeRO-1", 4, ["parallel.pipeline_stages=2", "parallel.zero_stage=1"]),
     ("PP=4, ZeRO-1", 4, ["parallel.pipeline_stages=4", "parallel.zero_stage=1"]),
+    ("TP=2, vocabulary whole", 2, ["parallel.tensor_parallel=2", "parallel.vocab_parallel=false"]),
     ("TP=2", 2, ["parallel.tensor_parallel=2"]),
+    ("TP=2 + SP", 2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]),
     ("TP=2 x DP=2, ZeRO-1", 4, ["parallel.tensor_parallel=2", "parallel.zero_stage=1"]),
     ("TP=2 x PP=2, ZeRO-1", 4, ["parallel.tensor_parallel=2", "parallel.pipeline_stages=2", "parallel.zero_stage=1"]),
 ]

@@ -64,21 +64,21 @@ def pydoc_warc(path: str, pages: int) -> tuple[int, int]:
 
 
 def ours(path: str, language: bool) -> tuple[float, int, list[str]]:
-    from data_pipeline.pipeline import Pipeline
+    from data_pipeline.filters.steps import apply, build_steps
     from data_pipeline.readers import read
 
     recipe = Recipe(input=[path], output="/tmp/unused", stages=["extract", "language", "gopher_repetition",
                                                                 "gopher_quality", "c4", "fineweb"])
     recipe.language.enabled = language
     stats = Stats()
-    steps = Pipeline(recipe)._filter_steps(stats)
+    steps = build_steps(recipe, stats)
     if language:  # load the language model before the clock starts (once per process)
         from data_pipeline.filters.language import identify
 
         identify("warm up")
     start, kept = time.perf_counter(), 0
     for doc in read(path, recipe.reader, stats):
-        reason, _ = Pipeline._apply(doc, steps, stats, path)
+        reason, _ = apply(doc, steps, stats, path)
         kept += reason is None
     return time.perf_counter() - start, kept, []
 

@@ -2,13 +2,18 @@
 
 Same GPT-2 config, batch, sequence length and dtype; steps alternate between the two in one
 run (timings on a shared machine drift; alternating keeps the comparison fair). Prints tokens/s,
-the ratio, and model FLOPs utilisation against the matmul peak measured in the same run.
+the ratio, and model FLOPs utilisation twice: against the matmul peak measured in the same run (the
+best of several sizes and repeats, so a loaded machine moves it less), and against a fixed peak that
+does not move between runs -- a GPU's datasheet figure, or on the CPU ``CPU_REFERENCE_PEAK``.
 
     python bench/train_throughput.py                 # GPT-2 small width, 4 layers, seq 256, batch 4
     python bench/train_throughput.py --n-layer 12 --rounds 3   # full GPT-2 small
+    python bench/train_throughput.py --compile --modes fp32,bf16   # + our step with compiled blocks
+    python bench/train_throughput.py --n-layer 12 --seq-len 1024 --batch 2 --modes bf16 --profile
+        # + where our step's time goes: torch.profiler's self time per operator, grouped
 
 On a GPU (picked automatically when CUDA is available; DeepSpeed then uses nccl) the same table is
-the issue's MFU figure of a GPT-2 124M bf16 step against the GPU's measured matmul peak:
+the issue's MFU figure of a GPT-2 124M bf16 step, against the measured and the datasheet peak:
 
     python bench/train_throughput.py --n-layer 12 --seq-len 1024 --batch 16 --modes bf16
 """
@@ -24,26 +29,35 @@ import torch.nn.functional as F
 
 from glm_dist.config.loader import load_config
 from glm_dist.models.gpt import GPT, gpt_config
-from glm_dist.observability.flops import measure_matmul_peak
+from glm_dist.objectives.clm import CLM
+from glm_dist.observability.flops import matmul_dtype, measure_matmul_peak, peak_flops
+from glm_dist.parallel.compile import compile_blocks
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.engine import build_engine
 from glm_dist.train.optim import build_optimizer
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The best matmul FLOP/s measured on this repository's CPU machine type (2 cores of an Intel Xeon
+# with AVX-512 and AMX, KVM guest; torch 2.13 CPU build, 2 threads): the fixed reference a CPU run's
+# MFU is also reported against. The fp32 figure is AVX-512 FMA, the bf16 one AMX tiles.
+CPU_REFERENCE_PEAK = {torch.float32: 433e9, torch.bfloat16: 2727e9}
 
 
-def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4):
+def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compile: bool = False):
+    """Our trainer's step: the DeepSpeed engine and the clm objective's loss (the fused, chunked
+    cross entropy); ``compile``: the blocks compiled as ``train.compile=true`` does (inductor)."""
     cfg = load_config(None, [f"train.precision={precision}", f"train.micro_batch_size={batch}",
                              "parallel.zero_stage=0", "train.grad_clip=1.0", f"train.lr={lr}"])
     model = GPT(cfg_model)
+    if compile:
+        compile_blocks(model)
     engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
     ctx = torch.autocast(DEVICE, dtype=torch.bfloat16) if precision == "bf16-autocast" else contextlib.nullcontext()
 
     def step(x, y):
         with ctx:
-            logits = engine(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+            loss, _ = CLM.loss(engine, {"input_ids": x, "labels": y}, metrics=False)
         engine.backward(loss)
         engine.step()
         return loss.item()
@@ -77,11 +91,81 @@ def hf_step_fn(cfg_model, precision: str, lr: float = 1e-4):
     return step
 
 
+# Matmul sizes for the measured peak: a CPU core saturates at 1-2k, an H100/H200 needs 8k.
+PEAK_SIZES = {"cpu": (512, 1024, 2048, 4096), "cuda": (2048, 4096, 8192)}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def reference_peak(mode: str) -> float | None:
+    """The fixed peak a ``mode`` run is also scored against: the GPU's datasheet figure (TF32 when this
+    process allows TF32 matmuls), or ``CPU_REFERENCE_PEAK``; None for a GPU the table lacks."""
+    if DEVICE == "cuda":
+        return peak_flops(torch.cuda.get_device_name(), mode, tf32=torch.backends.cuda.matmul.allow_tf32)
+    return CPU_REFERENCE_PEAK[matmul_dtype(mode)]
+
+
 def timed(step, x, y, n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
         step(x, y)
     return (time.perf_counter() - t) / n
+
+
+def tokens_per_s(mode: str, mcfg, args, x, y) -> dict[str, float]:
+    """Median tokens/s at ``mode`` of our step, transformers' and (``--compile``) our step with
+    compiled blocks, over alternating rounds (compilation happens in the warm-up steps)."""
+    steps = {"ours": ours_step_fn(mcfg, mode, args.batch), "transformers": hf_step_fn(mcfg, mode)}
+    if args.compile:
+        steps["compiled"] = ours_step_fn(mcfg, mode, args.batch, compile=True)
+    for step in steps.values():
+        timed(step, x, y, 2)  # warm-up: the second step runs what the first compiled
+    times = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            times[name].append(timed(step, x, y, args.steps))
+    return {name: args.batch * args.seq_len / statistics.median(t) for name, t in times.items()}
+
+
+# Operator groups of the profile (regular expressions over torch.profiler's operator names, first match).
+PROFILE_GROUPS = [
+    ("matmuls (linear, mm, bmm)", r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_weight_int|mkldnn)"),
+    ("attention (SDPA kernels)", r"scaled_dot_product|flash_attention|_efficient_attention|_sdpa"),
+    ("optimizer (AdamW, grad norm, clip)", r"adam|_foreach|norm_backward_dummy|aten::(norm|linalg_vector_norm)"),
+    ("loss (chunked cross entropy)", r"log_softmax|logsumexp|nll_loss|cross_entropy|aten::(exp|sub|gather|scatter)"),
+    ("LayerNorm, GELU, softmax", r"layer_norm|gelu|softmax"),
+    ("casts and copies", r"aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|t|transpose|view|reshape|as_strided)$"),
+    ("elementwise (add, mul, dropout, ...)", r"aten::(add|add_|mul|mul_|div|div_|where|masked_fill|zero_|fill_|sum|mean)"),
+]
+
+
+def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> None:
+    """torch.profiler over ``steps`` of our step after one warm-up: self time per operator group, and
+    the top operators, so the README can say where the time goes."""
+    import re
+
+    from torch.profiler import ProfilerActivity, profile
+
+    step = ours_step_fn(mcfg, mode, args.batch)
+    step(x, y)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step(x, y)
+    attr = "self_device_time_total" if DEVICE == "cuda" else "self_cpu_time_total"
+    ops = [(e.key, getattr(e, attr)) for e in prof.key_averages()]
+    total = sum(t for _, t in ops) or 1
+    groups = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
+    for key, t in ops:
+        name = next((n for n, rx in PROFILE_GROUPS if re.search(rx, key)), "other")
+        groups[name] += t
+    print(f"\nwhere our {mode} step's time goes ({steps} profiled steps, "
+          f"{'device' if DEVICE == 'cuda' else 'CPU'} self time {total / 1e6 / steps:.2f} s per step):\n")
+    print("| operator group | share | s per step |\n|---|---|---|")
+    for name, t in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {t / total:.1%} | {t / 1e6 / steps:.3f} |")
+    print("\n| top operators | share |\n|---|---|")
+    for key, t in sorted(ops, key=lambda kv: -kv[1])[:12]:
+        print(f"| `{key}` | {t / total:.1%} |")
 
 
 def main() -> None:
@@ -94,6 +178,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per dtype")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round")
     ap.add_argument("--modes", default="fp32,bf16,bf16-autocast")
+    ap.add_argument("--profile", action="store_true",
+                    help="then profile our step at each mode and print where its time goes")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time our step with compiled blocks (train.compile=true, inductor): a row per mode")
     args = ap.parse_args()
 
     init_distributed()
@@ -104,32 +192,34 @@ def main() -> None:
         flops_per_token = GPT(mcfg).num_flops_per_token(args.seq_len)
     x = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
     y = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
-    tokens = args.batch * args.seq_len
-    n = 8192 if DEVICE == "cuda" else 2048
-    peaks = {"fp32": measure_matmul_peak(torch.float32, n=n, device=DEVICE),
-             "bf16": measure_matmul_peak(torch.bfloat16, n=n, device=DEVICE)}
+    peaks = {dtype: measure_matmul_peak(dtype, DEVICE, sizes=PEAK_SIZES[DEVICE], repeats=5) for dtype in DTYPE_NAMES}
     print(f"GPT-2 config: {mcfg.n_layer} layers, d_model {mcfg.d_model}, {mcfg.n_head} heads, vocab {mcfg.vocab_size}; "
           f"batch {args.batch} x seq {args.seq_len}; "
           + (torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU threads {torch.get_num_threads()}"))
-    print(f"measured matmul peak: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s\n")
-    rows = []
+    print(f"measured matmul peak (best of n = {', '.join(map(str, PEAK_SIZES[DEVICE]))}, 5 repeats each): "
+          + ", ".join(f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})" for d, name in DTYPE_NAMES.items()))
+    print("reference peak: " + ", ".join(f"{name} {reference_peak(name) / 1e9:,.0f} GFLOP/s" if reference_peak(name)
+                                         else f"{name} unknown" for name in DTYPE_NAMES.values()) + "\n")
+    print("| dtype | glm-dist tokens/s | transformers tokens/s | ratio | MFU glm-dist | MFU transformers "
+          "| MFU glm-dist (reference peak) | MFU transformers (reference peak) |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
-        ours, hf = ours_step_fn(mcfg, mode, args.batch), hf_step_fn(mcfg, mode)
-        timed(ours, x, y, 1), timed(hf, x, y, 1)  # warm-up
-        t_ours, t_hf = [], []
-        for _ in range(args.rounds):
-            t_ours.append(timed(ours, x, y, args.steps))
-            t_hf.append(timed(hf, x, y, args.steps))
-        tps_ours, tps_hf = tokens / statistics.median(t_ours), tokens / statistics.median(t_hf)
-        peak = peaks["fp32" if mode == "fp32" else "bf16"]
-        rows.append((mode, tps_ours, tps_hf, tps_ours / tps_hf, flops_per_token * tps_ours / peak,
-                     flops_per_token * tps_hf / peak))
-        del ours, hf
-    print("| dtype | glm-dist tokens/s | transformers tokens/s | ratio | MFU glm-dist | MFU transformers |")
-    print("|---|---|---|---|---|---|")
-    for mode, a, b, r, ma, mb in rows:
+        rates = tokens_per_s(mode, mcfg, args, x, y)
+        measured, reference = peaks[matmul_dtype(mode)].flops, reference_peak(mode)
         peer = "autocast" if mode != "fp32" else "fp32"
-        print(f"| {mode} (peer: {peer}) | {a:,.0f} | {b:,.0f} | {r:.2f}x | {ma:.1%} | {mb:.1%} |")
+        theirs = rates["transformers"]
+        for name, label in (("ours", f"{mode} (peer: {peer})"), ("compiled", f"{mode}, compiled blocks (peer: {peer})")):
+            if name not in rates:
+                continue
+            ours = rates[name]
+            mfu = [f"{flops_per_token * tps / peak:.1%}" if peak else "n/a"
+                   for peak in (measured, reference) for tps in (ours, theirs)]
+            print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {' | '.join(mfu)} |")
+        if "compiled" in rates:
+            print(f"|   compiled / eager ({mode}) | | | {rates['compiled'] / rates['ours']:.2f}x | | | | |")
+    if args.profile:
+        for mode in args.modes.split(","):
+            profile_step(mode, mcfg, args, x, y)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import os
 
-from data_pipeline.document import Stats
-from data_pipeline.executors.tasks import atomic_write_bytes
+from data_pipeline.document import Stats, ranked
 from data_pipeline.recipe import STAGES, Recipe
+from data_pipeline.storage import Store
 
 
 def funnel(stats: Stats) -> list[dict]:
@@ -19,21 +19,25 @@ def funnel(stats: Stats) -> list[dict]:
     return rows
 
 
-def write_card(out: str, recipe: Recipe, stats: Stats, clusters: dict, shards: list[str], inputs: list[str],
-               benchmarks: list[str]) -> None:
+def _relative(path: str, out: str) -> str:
+    """Paths inside the output (the materialised sample) are written relative to it."""
+    return path[len(out) + 1:] if path.startswith(out + "/") else path
+
+
+def write_card(store: Store, recipe: Recipe, stats: Stats, dedup: dict, contamination: dict, shards: list[str],
+               inputs: list[str], benchmarks: list[str]) -> None:
     rows = funnel(stats)
-    # Paths inside the output (the materialised sample) are written relative to it.
-    inputs = [os.path.relpath(p, out) if p.startswith(out + os.sep) else p for p in inputs]
-    benchmarks = [os.path.relpath(p, out) if p.startswith(out + os.sep) else p for p in benchmarks]
-    reasons = sorted(((r, n) for st in stats.stages.values() for r, n in st.dropped.items()), key=lambda x: -x[1])
+    inputs = [_relative(p, store.url) for p in inputs]
+    benchmarks = [_relative(p, store.url) for p in benchmarks]
+    reasons = sorted(((r, n) for st in stats.stages.values() for r, n in st.dropped.items()), key=lambda x: (-x[1], x[0]))
     summary = {"recipe": recipe.name, "inputs": inputs, "benchmarks": benchmarks, "funnel": rows,
-               "stages": stats.to_dict()["stages"], "input_errors": dict(stats.error_count),
-               "input_error_examples": stats.errors, "other_warc_records": dict(stats.records),
-               "languages": dict(stats.languages.most_common()), "dedup": {k: v for k, v in clusters.items() if k != "contamination"},
-               "contamination": clusters.get("contamination", {}), "shards": shards,
+               "stages": stats.to_dict()["stages"], "input_errors": dict(sorted(stats.error_count.items())),
+               "input_error_examples": stats.errors, "other_warc_records": dict(sorted(stats.records.items())),
+               "languages": dict(ranked(stats.languages)), "dedup": dedup,
+               "contamination": contamination, "shards": shards,
                "settings": {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("output", "workers", "input", "benchmarks")}}
-    atomic_write_bytes(os.path.join(out, "stats.json"), json.dumps(summary, indent=1, default=str).encode())
-    _plot(rows, stats.languages.most_common(12), reasons[:12], os.path.join(out, "funnel.png"))
+    store.write_bytes("stats.json", json.dumps(summary, indent=1, default=str).encode())
+    store.write_bytes("funnel.png", _plot(rows, ranked(stats.languages, 12), reasons[:12]))
     lines = [f"# Data card: {recipe.name}", "",
              f"{len(inputs)} input file(s) -> {rows[-1]['documents'] if rows else 0} documents in {len(shards)} shard(s) "
              "(`documents/*.jsonl.gz`, one JSON object per line: id, text and metadata).", "",
@@ -43,13 +47,13 @@ def write_card(out: str, recipe: Recipe, stats: Stats, clusters: dict, shards: l
     lines += ["", "## Top drop reasons", "", "| reason | documents |", "|---|---:|"]
     lines += [f"| {r} | {n} |" for r, n in reasons[:20]]
     lines += ["", "## Languages (identified, before the language filter)", "", "| language | documents |", "|---|---:|"]
-    lines += [f"| {lang} | {n} |" for lang, n in stats.languages.most_common(15)]
+    lines += [f"| {lang} | {n} |" for lang, n in ranked(stats.languages, 15)]
     lines += ["", "## Deduplication", ""]
-    lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in clusters.items() if k != "contamination"]
+    lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in dedup.items()]
     lines += ["", "## Decontamination", ""]
-    if clusters.get("contamination"):
+    if contamination:
         lines += ["| benchmark | items | dirty |", "|---|---:|---:|"]
-        lines += [f"| {b} | {v['items']} | {v['dirty']} |" for b, v in clusters["contamination"].items()]
+        lines += [f"| {b} | {v['items']} | {v['dirty']} |" for b, v in contamination.items()]
         lines += ["", "Per-item details (which items are dirty, which documents matched): `contamination.json`."]
     else:
         lines.append("No benchmark files given.")
@@ -59,11 +63,11 @@ def write_card(out: str, recipe: Recipe, stats: Stats, clusters: dict, shards: l
         lines += ["", "The first ones with file and offset are listed in `stats.json` (input_error_examples)."]
     else:
         lines.append("None.")
-    atomic_write_bytes(os.path.join(out, "README.md"), ("\n".join(lines) + "\n").encode())
+    store.write_bytes("README.md", ("\n".join(lines) + "\n").encode())
 
 
-def _plot(rows: list[dict], languages: list[tuple[str, int]], reasons: list[tuple[str, int]], path: str) -> None:
-    """Four panels: documents and MB left after each stage, languages, top drop reasons."""
+def _plot(rows: list[dict], languages: list[tuple[str, int]], reasons: list[tuple[str, int]]) -> bytes:
+    """Four panels: documents and MB left after each stage, languages, top drop reasons (PNG bytes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,7 +86,7 @@ def _plot(rows: list[dict], languages: list[tuple[str, int]], reasons: list[tupl
         ax.tick_params(axis="y", labelsize=8)
     fig.suptitle("glm-dist data pipeline funnel")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=80, metadata={"Software": None})
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
     plt.close(fig)
-    os.replace(tmp, path)
+    return buf.getvalue()

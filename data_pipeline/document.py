@@ -73,7 +73,7 @@ class Stats:
     def to_dict(self) -> dict:
         return {"stages": {k: v.to_dict() for k, v in self.stages.items()},
                 "input_errors": dict(sorted(self.error_count.items())), "input_error_examples": self.errors,
-                "languages": dict(self.languages.most_common()), "other_records": dict(sorted(self.records.items()))}
+                "languages": dict(ranked(self.languages)), "other_records": dict(sorted(self.records.items()))}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Stats":
@@ -92,6 +92,12 @@ class Stats:
         self.errors.extend(other.errors[: max(0, self.MAX_ERRORS_LISTED - len(self.errors))])
         self.languages.update(other.languages)
         self.records.update(other.records)
+
+
+def ranked(counts: Counter, n: int | None = None) -> list[tuple[str, int]]:
+    """The ``n`` most common (all: None), ties by name: the same order whatever order the counts
+    were merged in (a resumed run merges its tasks in another order than an uninterrupted one)."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
 def nbytes(text: str) -> int:

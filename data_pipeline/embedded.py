@@ -69,11 +69,13 @@ def split_paragraphs(text: str, max_chars: int) -> list[str]:
 
 def embedded_documents() -> Iterator[dict]:
     """Yield ``{"id", "text"}`` documents of the embedded pydoc corpus, in a fixed order."""
-    # A clean environment: pages such as os.environ's must not carry this machine's variables.
+    # A clean environment: pages such as os.environ's (cgi's default arguments print it) must not carry
+    # this machine's variables nor the checkout's path, so every clone renders the same corpus. The
+    # package is found from the working directory (``-c`` puts it first on sys.path), not PYTHONPATH.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": here, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
     proc = subprocess.run([sys.executable, "-c", "from data_pipeline.embedded import _render_all; _render_all()"],
-                          capture_output=True, text=True, check=True, env=env, cwd="/")
+                          capture_output=True, text=True, check=True, env=env, cwd=here)
     for line in proc.stdout.splitlines():
         page = json.loads(line)
         for k, piece in enumerate(split_paragraphs(page["text"], MAX_DOC_CHARS)):

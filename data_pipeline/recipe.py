@@ -9,15 +9,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from glm_dist.config.loader import ConfigError, load_structured
+from data_pipeline.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, RETRIES
+from glm_common.config_yaml import ConfigError, load_structured
 
 
 @dataclass
 class ReaderCfg:
     format: Literal["auto", "warc", "jsonl", "parquet", "text"] = "auto"
     text_field: str = "text"
-    id_field: str = "id"
-    max_record_mb: float = 10.0  # larger records (pages, JSON lines) are skipped and counted
+    id_field: Optional[str] = "id"  # null: every document id is FILE:LINE (JSONL) or FILE (text)
+    max_record_mb: float = 10.0  # larger records (pages, JSON lines, text files) are skipped and counted
+    # A compressed input that inflates beyond this many times the bytes read so far (+ 16 MiB) is a
+    # bomb: the file ends there as an input error. Web text compresses 3-10x (gzip), boilerplate-heavy
+    # JSONL up to ~20-50x; deflate's ceiling is ~1030x (a gzip bomb is all zeros), bz2/xz/zstd bombs go
+    # far beyond. 100 leaves real data a wide margin and stops a bomb after ~30 MB of output.
+    max_decompression_ratio: float = 100.0
+    # Parquet decodes a row group's column chunk at once (arrow holds ~2-3x its size): a row group whose
+    # uncompressed size (read from the file's metadata, before decoding) exceeds this is skipped and
+    # its rows counted. Writers default to 64-128 MB row groups.
+    max_row_group_mb: float = 512.0
+    http_connect_timeout_s: float = CONNECT_TIMEOUT_S  # http(s) inputs: DNS + connect
+    http_read_timeout_s: float = READ_TIMEOUT_S  # http(s) inputs: the longest wait for the next bytes
+    http_retries: int = RETRIES  # http(s) inputs: retries (exponential backoff) of a transient failure
     max_docs_per_file: Optional[int] = None  # for trial runs
 
 
@@ -141,6 +154,10 @@ class Recipe:
     stages: list = field(default_factory=lambda: ["url", "extract", "language", "gopher_repetition",
                                                   "gopher_quality", "c4", "fineweb"])
     workers: int = 0  # local processes (0: one per core)
+    # Hash partitions of the corpus-wide stages (buckets, clusters, decontam): each of their tasks holds
+    # one, so memory per task is about 1/partitions of the corpus's keys or pairs. 0: one per input
+    # file, at most 256. Part of the run's identity (a rerun must keep it).
+    partitions: int = 0
     reader: ReaderCfg = field(default_factory=ReaderCfg)
     extract: ExtractCfg = field(default_factory=ExtractCfg)
     language: LanguageCfg = field(default_factory=LanguageCfg)
@@ -169,6 +186,8 @@ def load_recipe(path: str | None, overrides: list[str] = ()) -> Recipe:
         raise ConfigError("output: no output directory given (set output=DIR)")
     if "classifier" in recipe.stages and not recipe.classifier.model:
         raise ConfigError("classifier.model: the classifier stage needs a model file (glm data train-classifier)")
+    if recipe.partitions < 0:
+        raise ConfigError(f"partitions: {recipe.partitions} must be >= 1 (or 0: one per input file, at most 256)")
     if recipe.dedup.minhash and (recipe.dedup.bands < 1 or recipe.dedup.rows < 1):
         raise ConfigError(f"dedup: bands ({recipe.dedup.bands}) and rows ({recipe.dedup.rows}) must be >= 1")
     return recipe

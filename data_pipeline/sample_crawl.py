@@ -23,9 +23,10 @@ import importlib
 import inspect
 import io
 import json
-import os
 import uuid
 import warnings
+
+from data_pipeline.storage import Store
 
 N_FILES = 4
 DATE = "2024-01-01T00:00:00Z"
@@ -191,16 +192,41 @@ def pages() -> list[list[tuple[str, str, bytes, str]]]:
     return files
 
 
-def write_sample(directory: str) -> dict[str, list[str]]:
-    """Write the sample crawl (``crawl-N.warc.gz``) and benchmark (``benchmark.jsonl``) once."""
-    crawl = [os.path.join(directory, f"crawl-{i}.warc.gz") for i in range(N_FILES)]
-    bench = [os.path.join(directory, "sample-qa.jsonl")]
-    if all(os.path.exists(p) for p in crawl + bench):
-        return {"crawl": crawl, "benchmarks": bench}
-    from data_pipeline.executors.tasks import atomic_write_bytes
+def _print_files() -> None:
+    """In a clean interpreter: the sample's files, one JSON line each (name, base64 bytes)."""
+    import base64
 
-    os.makedirs(directory, exist_ok=True)
-    for path, recs in zip(crawl, pages()):
-        atomic_write_bytes(path, b"".join(response_records(u, c, b, s) for u, c, b, s in recs))
-    atomic_write_bytes(bench[0], "".join(json.dumps(item) + "\n" for item in benchmark_items()).encode())
-    return {"crawl": crawl, "benchmarks": bench}
+    files = {f"crawl-{i}.warc.gz": b"".join(response_records(u, c, b, s) for u, c, b, s in recs)
+             for i, recs in enumerate(pages())}
+    files["sample-qa.jsonl"] = "".join(json.dumps(item) + "\n" for item in benchmark_items()).encode()
+    for name, data in files.items():
+        print(json.dumps({"name": name, "data": base64.b64encode(data).decode()}))
+
+
+def _rendered() -> dict[str, bytes]:
+    """The sample's files, built in a clean interpreter: the pages are made of the docstrings and
+    attributes of imported stdlib modules, which whatever the calling process imported before can
+    change (``glm data run`` and a bare ``run()`` wrote different pages), and of nothing else."""
+    import base64
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+    proc = subprocess.run([sys.executable, "-c", "from data_pipeline.sample_crawl import _print_files; _print_files()"],
+                          capture_output=True, text=True, check=True, env=env, cwd=here, timeout=300)
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    return {r["name"]: base64.b64decode(r["data"]) for r in rows}
+
+
+def write_sample(store: Store) -> dict[str, list[str]]:
+    """Write the sample crawl (``crawl-N.warc.gz``) and benchmark (``sample-qa.jsonl``) into ``store``
+    once; returns their full paths or URLs."""
+    crawl = [f"crawl-{i}.warc.gz" for i in range(N_FILES)]
+    bench = ["sample-qa.jsonl"]
+    if not all(store.exists(key) for key in crawl + bench):
+        files = _rendered()
+        for key in crawl + bench:
+            store.write_bytes(key, files[key])
+    return {"crawl": [store.path(k) for k in crawl], "benchmarks": [store.path(k) for k in bench]}

@@ -10,7 +10,7 @@ import sys
 import typing
 from pathlib import Path
 
-from glm_dist.config.loader import ConfigError, load_config, to_dict
+from glm_dist.config.loader import load_config, to_dict
 
 
 def _config_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -24,13 +24,52 @@ def _parser() -> argparse.ArgumentParser:
 
     _config_args(sub.add_parser("train", help="train (one process, torchrun, deepspeed or srun)"))
 
-    p = sub.add_parser("eval", help="validation loss / perplexity / bits per byte as JSON")
-    _config_args(p)
+    p = sub.add_parser("eval", help="validation loss / perplexity / bits per byte as JSON (-c), or lm-eval tasks (--tasks)")
+    _config_args(p, required=False)
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (…/checkpoints/step_N)")
+    p.add_argument("--tasks", help="comma-separated lm-eval tasks (zero/few-shot), instead of validation perplexity")
+    p.add_argument("--include-path", help="a folder of task YAMLs (glm data eval-tasks --out DIR)")
+    p.add_argument("--num-fewshot", type=int, help="examples in each prompt (default: the task's, usually 0)")
+    p.add_argument("--limit", type=float, help="documents per task (a fraction if < 1)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--out", default="lm_eval_results.json", help="where lm-eval's results JSON goes")
+    p.add_argument("--curve", help="--tasks: score vs k, e.g. k=0,1,5 (--checkpoint A,B,...: and vs model size); "
+                   "--out FILE.json gets the points, FILE_k.png and FILE_size.png the plots")
+    p.add_argument("--contamination", help="--tasks: a crawl run's contamination.json; every score also on the "
+                   "clean and the dirty items (matched by id)")
+    p.add_argument("--documents", type=int, default=32, help="-c, decoder-only LMs: score this many held-out "
+                   "documents whole (token-, word- and byte-level perplexity; 0: none)")
+    p.add_argument("--stride", type=int, help="-c --documents: sliding windows of the context advance by this many "
+                   "tokens (default: the context, disjoint windows; GPT-2's LM benchmarks used overlapping ones)")
+
+    p = sub.add_parser("generate", help="continue a prompt from a checkpoint, streamed to stdout")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--num-beams", type=int, default=4)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample: keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample: nucleus mass (1.0: off)")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("features", help="contextual features of texts (ELMo's biLM layers) from a checkpoint, as .npz")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (…/checkpoints/step_N)")
+    p.add_argument("--input", required=True, help="a text file (one text per line) or JSONL rows (--text-field)")
+    p.add_argument("--out", required=True, help="the .npz to write: arrays '0', '1', ... in input order")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--batch-size", type=int, default=32)
 
     p = sub.add_parser("export-hf", help="write a folder transformers' from_pretrained loads")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", required=True)
+
+    p = sub.add_parser("checkpoint", help="checkpoint maintenance")
+    ksub = p.add_subparsers(dest="checkpoint_command", required=True)
+    conv = ksub.add_parser("convert", help="a format-2 checkpoint (DeepSpeed's files + universal/) as format 3")
+    conv.add_argument("--checkpoint", required=True)
+    conv.add_argument("--out", required=True, help="a new folder")
 
     p = sub.add_parser("config", help="inspect configs")
     csub = p.add_subparsers(dest="config_command", required=True)
@@ -47,6 +86,19 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--task", type=int, help="run only this encoding task (one input file; SLURM array index)")
     tok.add_argument("--prepare-only", action="store_true",
                      help="only write the tokenizer and print the number of encoding tasks")
+    idx = dsub.add_parser("index", help="write the index file (documents' token counts, sentence lengths, byte offsets) "
+                                        "of every shard of DIR that lacks one: random access for shard sets built "
+                                        "before index files existed")
+    idx.add_argument("dir", help="the shard set (data.shards_dir): a path or an fsspec URL")
+    idx.add_argument("--workers", type=int, default=0, help="processes indexing shards (0: one per core)")
+    cooc = dsub.add_parser("cooccur", help="GloVe: tokenize into DIR/tokens (word profile), then co-occurrence count "
+                                           "shards in data.shards_dir (map per token shard, reduce per word block)")
+    _config_args(cooc)
+    cooc.add_argument("--stage", choices=["map", "reduce"], help="run only this stage (SLURM arrays; tokenize first)")
+    cooc.add_argument("--task", type=int, help="with --stage: run only this task")
+    vec = dsub.add_parser("vectors", help="a word-vector checkpoint (GloVe) as a text file: 'word v1 v2 ...' per line")
+    vec.add_argument("--checkpoint", required=True, help="checkpoint directory (…/checkpoints/step_N)")
+    vec.add_argument("--out", required=True, help="the text file to write")
     run = dsub.add_parser("run", help="the crawl pipeline: read, extract, filter, dedup, decontaminate, write")
     run.add_argument("-c", "--config", required=True, help="a recipe, e.g. configs/data/fineweb.yaml")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. input=... output=... benchmarks=...")
@@ -60,24 +112,73 @@ def _parser() -> argparse.ArgumentParser:
     clf.add_argument("--text-field", default="text")
     clf.add_argument("--max-docs", type=int, default=100_000, help="per class")
     clf.add_argument("--l2", type=float, default=0.1, help="L2 penalty (smaller: more confident scores)")
+    tag = dsub.add_parser("tagging", help="CVT: sequence-labelling tasks (python3-doc references, WordNet) and "
+                                          "unlabelled sentences as a tagging shard set in data.shards_dir")
+    _config_args(tag)
+    tag.add_argument("--tasks", default="pydoc_xref", help="comma-separated: pydoc_xref[,wordnet_pos]")
+    tag.add_argument("--labelled", type=int, help="labelled training sentences per task (default: all)")
+    tag.add_argument("--unlabelled", type=int, help="unlabelled sentences (default: all)")
+    tag.add_argument("--test", type=int, help="held-out sentences per task (default: all)")
+    tag.add_argument("--subset-seed", type=int, default=0, help="which labelled sentences --labelled keeps")
     task = dsub.add_parser("docstring-task", help="write the built-in classification task (docstring -> module) as JSONL")
     task.add_argument("--out", required=True)
+    gtx = dsub.add_parser("gettext", help="translation pairs (English -> a language) from gettext catalogs as "
+                                          "train.jsonl / validation.jsonl (held out by message id) and stats.json")
+    gtx.add_argument("--out", required=True, help="the pair folder (a translation config's data.source)")
+    gtx.add_argument("--language", default="de", help="catalogs of this language (default de)")
+    gtx.add_argument("--roots", nargs="+", default=["/usr/share/locale"],
+                     help="folders searched for <language>/LC_MESSAGES/*.mo|po (default /usr/share/locale)")
+    gtx.add_argument("--val-per-mille", type=int, default=50, help="messages held out, per thousand")
+    tt = dsub.add_parser("token-tasks", help="WordNet example sentences as glm finetune rows: DIR/wordnet_span.jsonl "
+                                             "(--task span) and DIR/wordnet_pos.jsonl (--task tokens)")
+    tt.add_argument("--out", required=True)
+    tt.add_argument("--wordnet-dir", help="WordNet's data.* files (default /usr/share/wordnet)")
+    tt.add_argument("--parts", default="nvar", help="synsets of these parts of speech (n v a r)")
+    tt.add_argument("--limit", type=int, help="rows per file (default: all)")
+    evt = dsub.add_parser("eval-tasks", help="build the offline lm-eval tasks (data, card, YAML) into DIR/<task>/")
+    evt.add_argument("--out", required=True, help="the folder to give glm eval --include-path")
+    evt.add_argument("--tasks", help="comma-separated (default: all of glm_dist/eval/tasks)")
+    evt.add_argument("--source", help="pydoc_cloze, doc_summary: a JSONL corpus of {id, text} documents "
+                     "(default: the embedded one)")
+    evt.add_argument("--wordnet-dir", help="wordnet_mc, wordnet_qa: WordNet's data.* files (default /usr/share/wordnet)")
 
-    p = sub.add_parser("finetune", help="sequence classification from an encoder checkpoint (JSONL/CSV)")
+    p = sub.add_parser("finetune", help="classification from an encoder or GPT checkpoint, or text-to-text (JSONL/CSV)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--train", required=True, help="JSONL or CSV rows with text (and text pair) and label")
     p.add_argument("--valid", help="held-out rows (default: 20%% of --train by row hash)")
-    p.add_argument("--task", choices=["classify", "seq2seq"], default="classify",
-                   help="classify: [CLS] + one matrix (encoders); seq2seq: text -> target text (t5, bart)")
-    p.add_argument("--prefix", default="", help="seq2seq: a T5-style task prefix, e.g. 'summarize: '")
-    p.add_argument("--text-field", default="text")
+    p.add_argument("--task", choices=["classify", "seq2seq", "entailment", "similarity", "multiple_choice", "span",
+                                      "tokens"],
+                   default="classify", help="classify: [CLS] / extract token + one matrix; seq2seq: text -> target "
+                   "text (t5, bart); entailment, similarity, multiple_choice: GPT's input transformations; span: "
+                   "SQuAD-style answer spans (context, question, answers; exact match and F1); tokens: a tag per word "
+                   "(tokens, tags) -- both from encoders and XLNet")
+    p.add_argument("--recipe", help="named option values (gpt: GPT's fine-tuning recipe) or a YAML file; "
+                   "options given here win")
+    p.add_argument("--prefix", help="seq2seq: a T5-style task prefix, e.g. 'summarize: '")
+    p.add_argument("--text-field", help="the text, premise or multiple-choice context field (default text)")
     p.add_argument("--pair-field", help="second text of a pair task (e.g. text_b)")
-    p.add_argument("--label-field", default="label", help="the label (classify) or target text (seq2seq) field")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-len", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--choices-field", help="multiple_choice: the field listing the candidates (default choices)")
+    p.add_argument("--label-field", help="the label (classify), answer index (multiple_choice) or target text "
+                   "(seq2seq) field (default label)")
+    p.add_argument("--epochs", type=int, help="default 3")
+    p.add_argument("--lr", type=float, help="default 5e-5")
+    p.add_argument("--batch-size", type=int, help="default 16")
+    p.add_argument("--max-len", type=int, help="default 128")
+    p.add_argument("--lm-weight", type=float, help="GPT: weight of the auxiliary LM loss (default 0.5)")
+    p.add_argument("--warmup", type=float, help="--schedule linear: warmup as a fraction of the steps (default 0.1)")
+    p.add_argument("--dropout", type=float, help="GPT: dropout of the model and the classifier")
+    p.add_argument("--schedule", choices=["linear", "stlr"], help="linear: warmup over --warmup then decay to 0 "
+                   "(default); stlr: ULMFiT's slanted triangular rates (cut_frac 0.1, ratio 32)")
+    p.add_argument("--discriminative-lr", type=float, help="ULMFiT: each layer group learns at the rate of the one "
+                   "above / this factor (2.6); default off")
+    p.add_argument("--gradual-unfreezing", action="store_true", default=None,
+                   help="ULMFiT: train the top layer group first, one more group each epoch")
+    p.add_argument("--adapters", type=int, help="Houlsby adapters of this bottleneck size (e.g. 64) after every "
+                   "transformer block's attention and FFN; the pretrained weights frozen but the layer norms")
+    p.add_argument("--bptt", type=int, help="AWD-LSTM: tokens per window of a long document (BPT3C, default 70)")
+    p.add_argument("--drop-mult", type=float, help="AWD-LSTM: the classifier's dropouts are the LM's times this "
+                   "(fastai's drop_mult; default 1)")
+    p.add_argument("--seed", type=int)
     p.add_argument("--out", help="write finetune.json and the classifier weights here")
 
     p = sub.add_parser("plan", help="memory per GPU of every (DP, PP, TP, ZeRO, offload) layout, and the one to use")
@@ -110,7 +211,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "config" and args.config_command == "keys":
         _print_keys()
         return 0
-    recipe = args.command == "data" and args.data_command in ("run", "train-classifier")  # not a training config
+    recipe = args.command == "data" and args.data_command in ("run", "train-classifier", "vectors", "index",
+                                                                      "gettext")  # no config
     cfg = load_config(args.config, args.overrides) if not recipe and (getattr(args, "config", None)
                                                                        or hasattr(args, "overrides")) else None
     if args.command == "train":
@@ -119,14 +221,50 @@ def _run(args: argparse.Namespace) -> int:
         summary = train(cfg)
         if int(os.environ.get("RANK", 0)) == 0:
             print(json.dumps(summary, indent=2))
+    elif args.command == "eval" and args.tasks and args.curve:
+        from glm_dist.eval.curve import parse_curve, run_curve
+
+        curve = run_curve([c for c in args.checkpoint.split(",") if c], [t for t in args.tasks.split(",") if t],
+                          parse_curve(args.curve), include_path=args.include_path, limit=args.limit,
+                          batch_size=args.batch_size, out=args.out)
+        if curve is not None:
+            print(f"curve: {args.out} ({len(curve['points'])} points); plots: {', '.join(curve['plots'])}")
+    elif args.command == "eval" and args.tasks and args.contamination:
+        from glm_dist.eval.contamination import run_contamination
+
+        run_contamination(args.checkpoint, [t for t in args.tasks.split(",") if t], contamination=args.contamination,
+                          include_path=args.include_path, num_fewshot=args.num_fewshot, limit=args.limit,
+                          batch_size=args.batch_size, out=args.out)
+    elif args.command == "eval" and args.tasks:
+        from glm_dist.eval.harness import run_tasks
+
+        run_tasks(args.checkpoint, [t for t in args.tasks.split(",") if t], include_path=args.include_path,
+                  num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size, out=args.out)
     elif args.command == "eval":
         from glm_dist.eval.run import main_eval
 
-        main_eval(cfg, args.checkpoint)
+        if not args.config:
+            raise FileNotFoundError("glm eval needs -c CONFIG (validation perplexity) or --tasks T1,T2 (lm-eval)")
+        main_eval(cfg, args.checkpoint, documents=args.documents, stride=args.stride)
+    elif args.command == "generate":
+        from glm_dist.eval.stream import generate_to
+
+        generate_to(sys.stdout, args.checkpoint, args.prompt, **{k: v for k, v in vars(args).items()
+                                                                  if k not in ("command", "checkpoint", "prompt")})
+    elif args.command == "features":
+        from glm_dist.transfer.features import export_features, read_texts
+
+        features = export_features(args.checkpoint, read_texts(args.input, text_field=args.text_field), out=args.out,
+                                   batch_size=args.batch_size)
+        print(json.dumps({"out": args.out, "texts": len(features), "first_shape": list(features[0].shape)}))
     elif args.command == "export-hf":
         from glm_dist.hf.export import export_checkpoint
 
         print(export_checkpoint(args.checkpoint, args.out))
+    elif args.command == "checkpoint":
+        from glm_dist.checkpoint.convert import convert
+
+        print(json.dumps(convert(args.checkpoint, args.out)))
     elif args.command == "config":
         from glm_dist.config.checks import validate
 
@@ -140,10 +278,37 @@ def _run(args: argparse.Namespace) -> int:
 
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     elif args.command == "finetune":
-        from glm_dist.train.finetune import FinetuneArgs, finetune
+        from glm_dist.train.finetune import finetune
+        from glm_dist.transfer.recipes import finetune_args
 
-        result = finetune(FinetuneArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
+        result = finetune(finetune_args({k: v for k, v in vars(args).items() if k != "command"}))
         print(json.dumps(result, indent=2))
+    elif args.command == "data" and args.data_command == "eval-tasks":
+        from glm_dist.eval.tasks import build_tasks
+
+        documents = None
+        if args.source:
+            from data_pipeline.tokenize.prepare import read_documents
+
+            documents = read_documents(args.source)
+        names = [t for t in args.tasks.split(",") if t] if args.tasks else None
+        for name, folder in build_tasks(args.out, names, documents=documents, wordnet_dir=args.wordnet_dir).items():
+            print(f"{name}: {folder}")
+    elif args.command == "data" and args.data_command == "tagging":
+        from data_pipeline.tasks.tagging_shards import build_tagging_set
+
+        manifest = build_tagging_set(cfg.data.shards_dir, tasks=args.tasks.split(","), labelled_limit=args.labelled,
+                                     unlabelled_limit=args.unlabelled, test_limit=args.test,
+                                     subset_seed=args.subset_seed, vocab_size=cfg.data.vocab_size)
+        print(json.dumps(manifest["tagging"]))
+    elif args.command == "data" and args.data_command == "token-tasks":
+        from data_pipeline.wordnet_heads import pos_rows, span_rows
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        for name, build in (("wordnet_span", span_rows), ("wordnet_pos", pos_rows)):
+            rows = build(args.wordnet_dir, parts=args.parts, limit=args.limit)
+            Path(args.out, f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            print(f"{name}: {len(rows)} rows -> {Path(args.out, name + '.jsonl')}")
     elif args.command == "data" and args.data_command == "docstring-task":
         from data_pipeline.embedded import docstring_task
 
@@ -160,7 +325,8 @@ def _run(args: argparse.Namespace) -> int:
             1, args.gpus // (par.pipeline_stages * par.tensor_parallel))
         layouts = plan(shape, gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq_len=seq_len(cfg),
                        micro_batch=t.micro_batch_size, global_batch=global_batch,
-                       precision="fp32" if t.precision == "fp32" else "bf16")
+                       precision="fp32" if t.precision == "fp32" else "bf16", vocab_parallel=par.vocab_parallel,
+                       sequence_parallel=par.sequence_parallel)
         best, ckpt = recommend(layouts, args.gpu_mem, checkpointing=True if cfg.train.activation_checkpointing else None)
         if args.json:
             print(json.dumps({"layouts": [vars(lay) for lay in layouts], "recommended": vars(best) if best else None,
@@ -191,13 +357,43 @@ def _run(args: argparse.Namespace) -> int:
         pipe = run(recipe, stage=args.stage, task=args.task)
         if args.stage is None:
             print(Path(pipe.out, "README.md").read_text())
+    elif args.command == "data" and args.data_command == "index":
+        from data_pipeline.executors.cpus import available_cpus
+        from glm_dist.data.index import index_shard_set
+
+        print(json.dumps(index_shard_set(args.dir, workers=args.workers or available_cpus())))
+    elif args.command == "data" and args.data_command == "gettext":
+        from data_pipeline.readers.gettext import catalog_paths
+        from data_pipeline.translation_pairs import write_pairs
+
+        catalogs = catalog_paths(args.language, args.roots)
+        if not catalogs:
+            raise FileNotFoundError(f"no {args.language} catalogs under {' '.join(args.roots)} (<language>/LC_MESSAGES/"
+                                    f"*.mo): install the packages of launch/setup_env.sh's APT_PACKAGES")
+        print(json.dumps(write_pairs(catalogs, args.out, val_per_mille=args.val_per_mille)))
+    elif args.command == "data" and args.data_command == "vectors":
+        print(json.dumps(_vectors(args.checkpoint, args.out)))
     elif args.command == "data":
         from data_pipeline.tokenize.prepare import prepare_shards, prepare_tokenizer
+        from glm_dist.config.checks import check_locations
+        from glm_dist.objectives.registry import get_objective
+
+        check_locations(cfg)
 
         d = cfg.data
         spec = dict(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer, profile=d.tokenizer_profile,
                     vocab_size=d.vocab_size, val_per_mille=d.val_per_mille, shard_max_bytes=d.shard_max_bytes,
-                    text_field=d.text_field)
+                    text_field=d.text_field, max_record_mb=d.max_record_mb)
+        if getattr(get_objective(cfg.objective.name), "pairs", False):  # a translation pair set
+            from data_pipeline.tokenize.pairs import PairSpec, prepare_pairs
+
+            manifest = prepare_pairs(PairSpec(source=d.source, out_dir=d.shards_dir, vectors=d.vectors,
+                                              vocab_size=d.vocab_size, target_vocab_size=d.target_vocab_size,
+                                              shard_max_bytes=d.shard_max_bytes))
+            print(json.dumps({"splits": {s: len(v) for s, v in manifest["splits"].items()}, **manifest["source"]}))
+            return 0
+        if args.data_command == "cooccur" or getattr(get_objective(cfg.objective.name), "counts", False):
+            return _cooccur(cfg, spec, stage=getattr(args, "stage", None), task=args.task)
         if args.prepare_only:
             print(prepare_tokenizer(**spec))
             return 0
@@ -207,13 +403,96 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cooccur(cfg, spec: dict, *, stage: str | None, task: int | None) -> int:
+    """``glm data cooccur`` (and ``glm data tokenize`` of a config whose objective trains on counts)."""
+    from data_pipeline.cooccur.counts import CooccurSpec, prepare_cooccurrence
+    from glm_dist.data.shards import read_shard
+
+    d = cfg.data
+    counts = CooccurSpec(out_dir=d.shards_dir, reader=read_shard, window=d.cooccur_window, blocks=d.cooccur_blocks,
+                         shard_max_bytes=d.shard_max_bytes)
+    tokenize = {k: v for k, v in spec.items() if k != "out_dir"}
+    manifest = prepare_cooccurrence(counts, tokenize, workers=d.encode_workers, stage=stage, task=task)
+    if manifest is not None:
+        print(json.dumps(manifest["cooccurrence"]))
+    return 0
+
+
+def _vectors(checkpoint: str, out: str) -> dict:
+    """``glm data vectors``: the checkpoint's word vectors (its model's ``vectors()``) in GloVe's text format."""
+    from data_pipeline.cooccur.vectors import write_text
+    from data_pipeline.tokenize.word import vocabulary
+    from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
+    from glm_dist.errors import GlmError
+    from glm_dist.eval.run import load_checkpoint_model
+
+    model, meta = load_checkpoint_model(checkpoint)
+    if not hasattr(model, "vectors"):
+        raise GlmError(f"checkpoint {checkpoint} is a {meta['model_family']} model, which has no word vectors")
+    tok = checkpoint_tokenizer(checkpoint)
+    words = [w if i not in tok.get_added_tokens_decoder() else "" for i, w in enumerate(vocabulary(tok))]
+    vectors = model.vectors().float().numpy()
+    return {"out": out, "words": write_text(out, words[:len(vectors)], vectors[:len(words)]), "dim": vectors.shape[1]}
+
+
+def _crash_report(command: str, err: BaseException) -> str:
+    """Write the full traceback of an unexpected error to a file; return its path."""
+    import tempfile
+    import time
+    import traceback
+
+    folder = Path(os.environ.get("GLM_CRASH_DIR", tempfile.gettempdir()))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"glm-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text("".join(traceback.format_exception(err)))
+    return str(path)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message is for the user: one line, exit code 2."""
+    from data_pipeline.pipeline import PipelineError
+    from glm_dist.errors import GlmError
+
+    return GlmError, PipelineError, FileNotFoundError
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``glm``: a user's mistake or a bad input ends in one line and exit code 2; an unexpected
+    error in a one-line summary and the path of its full traceback (exit code 1)."""
+    from glm_dist.checkpoint.files import force_weights_only
+
+    force_weights_only()  # no torch.load of this process runs pickled code
     logging.basicConfig(level=os.environ.get("GLM_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     # The deepspeed launcher passes --local_rank=N before our arguments; LOCAL_RANK carries it too.
     for arg in [a for a in argv if a.startswith(("--local_rank=", "--local-rank="))]:
         os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
         argv.remove(arg)
+    command = argv[0] if argv else "glm"
+    try:
+        code = _dispatch(argv)
+        if "torch.distributed" in sys.modules:  # a command that joined a process group leaves it
+            from glm_dist.parallel.distributed import shutdown_distributed
+
+            shutdown_distributed()
+        return code
+    except _user_errors() as err:
+        print(f"glm {command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"glm {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug, not a user's mistake: a summary here, the traceback in a file
+        where = err.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        at = f" at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}" if where else ""
+        print(f"glm {command}: internal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+              f"{at}; full traceback in {_crash_report(command, err)} (please report it)", file=sys.stderr)
+        return 1
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["launch"]:  # torchrun's own options follow: not parsed here
         from glm_dist.launch import main as launch_main
 
@@ -223,20 +502,14 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return slurm_main(argv[1:])
-        except (ConfigError, RuntimeError, FileNotFoundError) as err:
+        except RuntimeError as err:
             print(f"glm slurm: error: {err}", file=sys.stderr)
             return 2
     args = _parser().parse_args(argv)
-    from data_pipeline.pipeline import PipelineError
-    from glm_dist.data.shards import ShardSetError
-    from glm_dist.train.checkpoint import CheckpointError
     from glm_dist.train.errors import Preempted, TrainingDiverged
 
     try:
         return _run(args)
-    except (ConfigError, CheckpointError, ShardSetError, FileNotFoundError, PipelineError) as err:
-        print(f"glm {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except TrainingDiverged as err:
         print(f"glm {args.command}: stopped: {err}", file=sys.stderr)
         return 3

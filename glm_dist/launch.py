@@ -18,6 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from data_pipeline.executors.cpus import available_cpus
 from glm_dist.train.errors import Preempted
 
 
@@ -38,6 +39,21 @@ def torchrun_argv(args: argparse.Namespace, command: list[str]) -> list[str]:
         argv += [f"--nnodes={args.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
                  f"--rdzv-id={args.rdzv_id}"]
     return argv + ["-m", "glm_dist.cli", *command]
+
+
+def check_before_start(command: list[str], *, world_size: int) -> None:
+    """A training config that cannot run at this world size fails here, in one line, before any
+    worker starts (rather than once per worker after the rendezvous)."""
+    if command[:1] != ["train"]:
+        return
+    ap = argparse.ArgumentParser(prog="glm launch train", add_help=False)
+    ap.add_argument("-c", "--config", required=True)
+    ap.add_argument("overrides", nargs="*")
+    parsed, _ = ap.parse_known_args(command[1:])
+    from glm_dist.config.checks import validate
+    from glm_dist.config.loader import load_config
+
+    validate(load_config(parsed.config, parsed.overrides), world_size=world_size)
 
 
 def descendants(pid: int) -> list[int]:
@@ -83,8 +99,9 @@ def main(argv: list[str]) -> int:
     if not args.command:
         ap.error("give the glm command to run, e.g. train -c CONFIG")
     nproc = args.nproc_per_node or default_nproc()
+    check_before_start(args.command, world_size=nproc * args.nnodes)
     if "OMP_NUM_THREADS" not in os.environ:  # share the CPU cores between local processes
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, available_cpus() // nproc))
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError

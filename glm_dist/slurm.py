@@ -1,6 +1,7 @@
-"""``glm slurm submit``: check the config, then ``sbatch slurm/train.sbatch CONFIG [key=value ...]``.
+"""``glm slurm submit``: check the config, then ``sbatch slurm/train.sbatch CONFIG [key=value ...]`` with
+the GPUs (``--gpus-per-node N``) and cores it needs; a CPU partition takes ``--cpu`` instead.
 ``glm slurm submit-data``: the tokenizer here, then the encoding array and its merge job.
-``glm slurm submit-pipeline``: the crawl pipeline, one job array per stage."""
+``glm slurm submit-pipeline``: the crawl pipeline, one job array per stage (``data_pipeline.executors.slurm``)."""
 from __future__ import annotations
 
 import argparse
@@ -15,13 +16,30 @@ from glm_dist.config.loader import load_config
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
 DATA_TEMPLATE = TEMPLATE.with_name("data.sbatch")
-PIPELINE_TEMPLATE = TEMPLATE.with_name("pipeline.sbatch")
+# Cores asked for per GPU when --cpus-per-task is not given: the node's one task runs torchrun, a
+# worker per GPU and their data-loader processes, and without the request SLURM binds it to one core.
+# Every common 8-GPU node has at least this many (DGX H100: 14 per GPU, p4d/p5: 12/24).
+CPUS_PER_GPU = 8
+
+
+def gpu_request_error(args: argparse.Namespace) -> str | None:
+    """Why ``glm slurm submit`` must not queue this job, or None: a job without GPUs silently trains
+    on CPU processes with gloo, so that takes ``--cpu``."""
+    if args.cpu and args.gpus_per_node:
+        return f"--cpu and --gpus-per-node {args.gpus_per_node} contradict each other: drop one"
+    if not args.cpu and args.gpus_per_node <= 0:
+        return ("no GPUs requested: pass --gpus-per-node N (one training process per GPU), or --cpu to train "
+                "with CPU processes and gloo on a CPU partition")
+    return None
 
 
 def sbatch_command(args: argparse.Namespace) -> list[str]:
     cmd = ["sbatch", "--parsable", f"--nodes={args.nodes}"]
-    if args.gpus_per_node:
+    if not args.cpu:
         cmd.append(f"--gpus-per-node={args.gpus_per_node}")
+    cpus = args.cpus_per_task or (0 if args.cpu else CPUS_PER_GPU * args.gpus_per_node)
+    if cpus:
+        cmd.append(f"--cpus-per-task={cpus}")
     for flag in ("time", "partition", "account", "job_name"):
         if getattr(args, flag):
             cmd.append(f"--{flag.replace('_', '-')}={getattr(args, flag)}")
@@ -58,29 +76,12 @@ def submit_data(args: argparse.Namespace) -> int:
 
 
 def submit_pipeline(args: argparse.Namespace) -> int:
-    """One job array per stage of the crawl pipeline, each depending on the one before."""
-    from data_pipeline.pipeline import Pipeline
-    from data_pipeline.recipe import load_recipe
+    """The crawl pipeline: one job array per stage (``data_pipeline/executors/slurm.py``)."""
+    from data_pipeline.executors.slurm import submit
 
-    pipe = Pipeline(load_recipe(args.config, args.overrides))
-    pipe.prepare()  # resolves and freezes the inputs; fails here, not in the queue, on a bad path
-    common = [*args.sbatch_arg, *(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in ("time", "partition", "account")
-                                  if getattr(args, f)), str(PIPELINE_TEMPLATE), args.config, *args.overrides]
-    previous, ids = None, []
-    for stage, n in pipe.stages():
-        if n == 0:
-            continue
-        cmd = ["sbatch", "--parsable", f"--array=0-{n - 1}", f"--job-name=glm-{stage}",
-               *([f"--dependency=afterok:{previous}"] if previous else []), *common]
-        if args.dry_run:
-            print(f"GLM_STAGE={stage} " + shlex.join(cmd))
-            previous = f"<{stage}>"
-            continue
-        previous = _sbatch(cmd, env={**os.environ, "GLM_STAGE": stage})
-        ids.append(previous)
-        print(f"stage {stage}: {n} task(s), job {previous}", file=sys.stderr)
-    if not args.dry_run:
-        print(" ".join(ids))
+    options = [*args.sbatch_arg, *(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in ("time", "partition", "account")
+                                   if getattr(args, f))]
+    submit(args.config, args.overrides, options=options, dry_run=args.dry_run)
     return 0
 
 
@@ -90,7 +91,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("-c", "--config", required=True)
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--gpus-per-node", type=int, default=0, help="0: CPU processes (GLM_PROCS_PER_NODE, default 1)")
+    ap.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node, one training process each (submit: "
+                    "required unless --cpu)")
+    ap.add_argument("--cpu", action="store_true", help="submit: a CPU partition; GLM_PROCS_PER_NODE CPU processes per "
+                    "node (default 1), gloo")
+    ap.add_argument("--cpus-per-task", type=int, default=0,
+                    help=f"submit: cores per node for the launcher, its workers and their data loaders (default "
+                         f"{CPUS_PER_GPU} per GPU; with --cpu, SLURM's default)")
     ap.add_argument("--time")
     ap.add_argument("--partition")
     ap.add_argument("--account")
@@ -103,13 +110,18 @@ def main(argv: list[str]) -> int:
         return submit_data(args)
     if args.action == "submit-pipeline":
         return submit_pipeline(args)
-    per_node = args.gpus_per_node or int(os.environ.get("GLM_PROCS_PER_NODE", 1))
+    error = gpu_request_error(args)
+    if error:
+        print(f"glm slurm submit: error: {error}", file=sys.stderr)
+        return 2
+    per_node = int(os.environ.get("GLM_PROCS_PER_NODE", 1)) if args.cpu else args.gpus_per_node
     validate(load_config(args.config, args.overrides), world_size=args.nodes * per_node)  # fail before queueing
     cmd = sbatch_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    job_id = _sbatch(cmd)
+    # a CPU job says so to the batch script, which refuses to start without GPUs otherwise
+    job_id = _sbatch(cmd, env={**os.environ, "GLM_PROCS_PER_NODE": str(per_node)} if args.cpu else None)
     print(job_id)
     print(f"submitted job {job_id}; log: slurm-logs/{args.job_name or 'glm-train'}-{job_id}.out", file=sys.stderr)
     return 0

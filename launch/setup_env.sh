@@ -18,4 +18,23 @@ install --upgrade pip
 # torch first, pinned, so that nothing below pulls a different (multi-GB CUDA) build.
 python -c "import torch" 2>/dev/null || install ${TORCH_SPEC:-torch==2.13.0}
 install -e ".${EXTRAS:+[$EXTRAS]}"
+# Real text and labels the tests and offline eval tasks read, from Debian packages (installed where
+# apt-get exists and we are root; elsewhere install them yourself):
+#   wordnet-base  WordNet's database (data_pipeline/wordnet.py: senses, parts of speech, glosses, examples)
+#   python3-doc   Python's HTML documentation (Sphinx markup of Python objects; the FAQ's questions and answers)
+#   gettext       msgunfmt (a compiled .mo catalog back to .po: the .po reader's test)
+#   iso-codes libc-l10n gnupg-l10n krb5-locales git libglib2.0-data libgtk2.0-common xkb-data wget
+#   binutils-common procps shared-mime-info gsettings-desktop-schemas
+#                 their German gettext catalogs (/usr/share/locale/de/LC_MESSAGES/*.mo, ~40k messages with the
+#                 essential packages' own): CoVe's English -> German translation pairs (glm data gettext)
+APT_PACKAGES=(wordnet-base python3-doc gettext iso-codes libc-l10n gnupg-l10n krb5-locales git libglib2.0-data
+              libgtk2.0-common xkb-data wget binutils-common procps shared-mime-info gsettings-desktop-schemas)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "+ apt-get install -y ${missing[*]}" >> "$log"
+  { apt-get install -y --no-install-recommends "${missing[@]}" \
+      || { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; }; } >> "$log" 2>&1 \
+    || echo "warning: apt-get install ${missing[*]} failed (see $log); the tests that read them will say so" >&2
+fi
 python -c "import torch, deepspeed, glm_dist" 2>/dev/null || { echo "setup failed: torch/deepspeed/glm_dist do not import" >&2; exit 1; }

@@ -59,6 +59,46 @@ def shards(corpus, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def glove_text(corpus, tmp_path_factory) -> str:
+    """GloVe text vectors (50-d, as the tiny GloVe) of the 500-document corpus: counts (window 10), then
+    five passes of AdaGrad (lr 0.05) over them with the glove objective's weighted squares, in this
+    process -- real vectors, in seconds."""
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer
+
+    from data_pipeline.cooccur.counts import CooccurSpec, prepare_cooccurrence
+    from data_pipeline.cooccur.vectors import write_text
+    from data_pipeline.tokenize.word import vocabulary
+    from glm_dist.data.shards import read_manifest, read_shard
+    from glm_dist.models.glove import GloVe, glove_config
+    from glm_dist.objectives.glove import weighted_squares
+
+    root = tmp_path_factory.mktemp("glove")
+    counts = str(root / "counts")
+    prepare_cooccurrence(CooccurSpec(out_dir=counts, reader=read_shard, window=10, blocks=2),
+                         dict(source=corpus, profile="word", vocab_size=3000, shard_max_bytes=128 * 1024), workers=1)
+    triples = np.concatenate([d.tokens for s in read_manifest(counts)["splits"]["train"]
+                              for d in read_shard(f"{counts}/{s['name']}")])
+    word, context = (torch.from_numpy(triples[k].astype(np.int64)) for k in ("word", "context"))
+    count = torch.from_numpy(triples["count"].astype(np.float32))
+    tok = Tokenizer.from_file(f"{counts}/tokens/tokenizer.json")
+    torch.manual_seed(0)
+    model = GloVe(glove_config("glove-tiny", vocab_size=tok.get_vocab_size()))
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    for _ in range(5):
+        for batch in torch.randperm(len(triples)).split(8192):
+            loss = weighted_squares(model(word[batch], context[batch]), count[batch]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    specials = set(tok.get_added_tokens_decoder())
+    words = [w if i not in specials else "" for i, w in enumerate(vocabulary(tok))]
+    write_text(str(root / "vectors.txt"), words, model.vectors().numpy())
+    return str(root / "vectors.txt")
+
+
 def clean_env(threads: int = 1) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")}

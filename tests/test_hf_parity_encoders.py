@@ -96,5 +96,9 @@ def test_electra_pair_shares_embeddings_and_weights_the_discriminator_50x():
     assert out["disc_targets"][labels == -100].sum() == 0  # only generator samples can differ
     gen_only = torch.nn.functional.cross_entropy(out["gen_logits"].view(-1, 300), labels.view(-1), ignore_index=-100)
     disc = torch.nn.functional.binary_cross_entropy_with_logits(out["disc_logits"], out["disc_targets"])
-    total = electra.loss(out["gen_logits"], labels, out["disc_logits"], out["disc_targets"])
+    total = electra.loss(out["gen_logits"], {"labels": labels}, out["disc_logits"], out["disc_targets"])
     torch.testing.assert_close(total, gen_only + 50 * disc)
+    listed = {"masked_positions": torch.tensor([[3, 4, 5, 0], [3, 4, 5, 0]]),  # as the loader lists them, padded
+              "masked_labels": torch.cat([labels[:, 3:6], torch.full((2, 1), -100)], 1)}
+    torch.testing.assert_close(electra.loss(out["gen_logits"], listed, out["disc_logits"], out["disc_targets"]),
+                               gen_only + 50 * disc)

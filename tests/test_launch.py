@@ -24,7 +24,7 @@ def overrides(shards_dir: str, out_dir: Path, *extra: str) -> list[str]:
 
 # -- SLURM --------------------------------------------------------------------------------------
 def sbatch(args: list[str], cwd: Path) -> str:
-    env = clean_env(threads=1) | {"GLM_VENV": sys.prefix}
+    env = clean_env(threads=1) | {"GLM_VENV": sys.prefix, "GLM_PROCS_PER_NODE": "1"}  # CPU processes, on purpose
     proc = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]

@@ -11,7 +11,7 @@ import torch
 from glm_dist.data.loader import Loader
 from glm_dist.objectives import denoising, electra, mlm, span_corruption
 from glm_dist.objectives.mlm import IGNORE_INDEX, MaskingConfig
-from glm_dist.objectives.registry import ObjectiveOptions, make_sample
+from glm_dist.objectives.registry import ObjectiveOptions, get_objective
 
 def batches(shards_dir, objective, *, n_steps, seq_len=128, micro=32, options=None, seed=3):
     ld = Loader(shards_dir, objective=objective, seq_len=seq_len, micro_batch_size=micro, seed=seed, options=options)
@@ -81,10 +81,10 @@ def test_masks_change_every_epoch_and_replay_on_resume(shards):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
     unit = np.arange(10, 138)
     opts = ObjectiveOptions()
-    epoch0 = make_sample("clm", unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab, opts=opts)
+    epoch0 = get_objective("clm").sample(unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab, opts=opts)
     assert epoch0["input_ids"].shape == (127,)
-    m0 = make_sample("mlm", (unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab, opts=opts)
-    m1 = make_sample("mlm", (unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab, opts=opts)
+    m0 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab, opts=opts)
+    m1 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab, opts=opts)
     assert not np.array_equal(m0["labels"], m1["labels"])  # same text, new epoch, new mask
     assert first[0]["input_ids"].shape[0] == 8 and first[0]["input_ids"].shape[1] <= 64  # FULL-SENTENCES: <= max
 
@@ -148,8 +148,8 @@ def test_sop_pairs_are_consecutive_segments_swapped_half_the_time(shards):
     from glm_dist.objectives.sentence_pairs import PairBuilder
 
     docs = (Doc(str(i), np.arange(1000 * i + 10, 1000 * i + 400), np.arange(0, 390, 13)) for i in range(10**6))
-    builder = PairBuilder(64, cls_id=2, sep_id=3, mode="sop")
-    for pair, _ in zip(builder.pairs(docs, lambda k: np.random.default_rng(k)), range(300)):
+    builder = PairBuilder(64, cls_id=2, sep_id=3, swap=True)
+    for pair, _ in zip(builder.units(docs, lambda k: np.random.default_rng(k)), range(300)):
         t, segs = pair["tokens"], pair["token_type_ids"]
         a, b_ = t[1:int((segs == 0).sum()) - 1], t[int((segs == 0).sum()):-1]
         assert (a[-1] < b_[0]) == (pair["sentence_label"] == 0)
@@ -265,7 +265,11 @@ def test_xlnet_permutation_inputs_match_the_reference_collator_statistics(shards
     assert predicted.float().mean().item() == pytest.approx(1 / 6, abs=0.02)
     diag = torch.diagonal(perm, dim1=1, dim2=2)
     assert torch.equal(diag.bool(), predicted)  # a predicted token never sees itself
-    assert not perm[~predicted].any()  # context tokens are visible to... and see everything
+    # perm_mask[i, j] = 1: i may not see j. Only targets are ever hidden (columns), as in the
+    # reference collator -- a row-wise mask would let context tokens carry a target's own token to it.
+    assert not perm.transpose(1, 2)[~predicted].any()
+    assert not hf["perm_mask"].transpose(1, 2)[hf["labels"] == -100].any()
+    assert perm[predicted.unsqueeze(1).expand_as(perm) & ~predicted.unsqueeze(2)].all()  # context never sees a target
     runs = []
     for row in predicted.int().numpy():
         edges = np.flatnonzero(np.diff(np.concatenate([[0], row, [0]])))

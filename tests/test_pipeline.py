@@ -407,6 +407,152 @@ def test_a_run_killed_midway_and_rerun_gives_byte_identical_output(sample_run, t
     assert again.returncode == 2 and "holds a run with other inputs or settings" in again.stderr
 
 
+def test_sample_crawl_clusters_equal_one_process_components(sample_run):
+    """The clusters rounds (one node partition per task) give every document the first document of
+    its component, exactly as connected components of all the buckets' pairs in one process."""
+    from data_pipeline.dedup.components import components
+    from data_pipeline.dedup.shuffle import EDGE, as_edges, packed_ids, read_routed
+    from data_pipeline.executors.tasks import read_marker
+    from data_pipeline.pipeline import Pipeline
+    from data_pipeline.recipe import Recipe
+    from data_pipeline.stages.buckets import edges_key
+    from data_pipeline.stages.clusters import rounds
+
+    out, _ = sample_run
+    pipe = Pipeline(Recipe(output=str(out)))
+    files, parts = len(pipe.inputs), pipe.partitions
+    ids = np.concatenate([packed_ids(t, read_marker(pipe.work, "filter", t)["documents"]) for t in range(files)])
+    sources = [edges_key(p) for p in range(parts)]
+    pairs = np.concatenate([as_edges(read_routed(pipe.work, sources, q, EDGE)[0]) for q in range(parts)])
+    expected = ids[components(len(ids), np.searchsorted(ids, pairs))]
+    labels = ids.copy()
+    for t in range(files):
+        member_first = as_edges(read_routed(pipe.work, rounds(pipe).labels(), t, EDGE)[0])
+        labels[np.searchsorted(ids, member_first[:, 0])] = member_first[:, 1]
+    assert parts == files == 4 and (labels != ids).sum() == 2  # the planted exact and near copies
+    assert np.array_equal(labels, expected)
+
+
+S3_RUN = ("import sys; from data_pipeline.executors.local import run; from data_pipeline.recipe import load_recipe; "
+          "run(load_recipe(sys.argv[1], sys.argv[2:]), progress=False)")
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A local S3 server (moto) and the environment that points boto at it."""
+    import os
+    import socket
+
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    fs.mkdir("glm-test")
+    yield env, fs
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    server.stop()
+
+
+def test_output_to_object_storage_is_visible_through_its_manifest_and_resumes_after_kill(sample_run, s3_server):
+    from data_pipeline.manifest import read_output_manifest
+
+    reference, _ = sample_run
+    env, fs = s3_server
+    url = "s3://glm-test/fineweb"
+    cmd = [sys.executable, "-c", S3_RUN, FINEWEB, f"output={url}", "writer.write_dropped=true",
+           "url.blocklist=[spam.example]"]
+    proc = subprocess.Popen(cmd + ["workers=1"], cwd=ROOT, env=clean_env() | env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 180
+    while not fs.exists(f"{url}/work/markers/filter/00001.json"):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-3000:] if proc.poll() else "timeout"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # Killed mid-run: no manifest, so no output, whatever objects the finished tasks left.
+    assert not fs.exists(f"{url}/work/markers/filter/00003.json") and not fs.exists(f"{url}/manifest.json")
+    with pytest.raises(FileNotFoundError, match="holds no finished crawl-pipeline run"):
+        read_output_manifest(url)
+    rerun = subprocess.run(cmd + ["workers=2"], cwd=ROOT, env=clean_env() | env, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    shards = read_output_manifest(url)
+    assert [s.rsplit("/", 1)[1] for s in shards] == [Path(p).name for p in read_output_manifest(str(reference))]
+    remote = {f"documents/{s.rsplit('/', 1)[1]}": fs.cat(s) for s in shards}
+    remote.update({name: fs.cat(f"{url}/{name}") for name in ("contamination.json", "stats.json", "README.md",
+                                                               "funnel.png")})
+    assert remote == run_files(reference)  # byte-identical to the local run
+
+
+def crawl_copy_with_leftover(reference: Path, dest: Path) -> int:
+    """A copy of a finished crawl output plus a document file its manifest does not list (what a
+    crashed rerun can leave); returns the number of documents the manifest counts."""
+    import shutil
+
+    shutil.copytree(reference, dest, ignore=shutil.ignore_patterns("work"))
+    stray = {"id": "stray", "text": PROSE, "url": "https://leftover.example/"}
+    (dest / "documents" / "zz-leftover.jsonl.gz").write_bytes(gzip.compress((json.dumps(stray) + "\n").encode()))
+    return json.loads((dest / "manifest.json").read_text())["documents"]
+
+
+def test_tokenize_reads_a_crawl_output_through_its_manifest_never_a_listing(sample_run, tmp_path):
+    from data_pipeline.tokenize.prepare import prepare_shards
+
+    reference, _ = sample_run
+    crawl = tmp_path / "crawl"
+    listed = crawl_copy_with_leftover(reference, crawl)
+    manifest = prepare_shards(source=str(crawl), out_dir=str(tmp_path / "tokens"), vocab_size=400, workers=1)
+    assert manifest["source"]["files"] == len(list((reference / "documents").glob("*.jsonl.gz")))
+    assert manifest["source"]["documents"] == listed > 0  # the leftover file was not read
+    (crawl / "work").mkdir()
+    (crawl / "work" / "run.json").write_text("{}")
+    (crawl / "manifest.json").unlink()  # a run that has not finished: nothing to tokenize yet
+    with pytest.raises(FileNotFoundError, match="holds no finished crawl-pipeline run"):
+        prepare_shards(source=str(crawl), out_dir=str(tmp_path / "tokens2"), vocab_size=400, workers=1)
+
+
+def test_token_shards_on_object_storage_from_a_crawl_output_there_appear_whole_through_their_manifest(
+        sample_run, s3_server, tmp_path):
+    import torch
+
+    from data_pipeline.tokenize.prepare import prepare_shards
+    from data_pipeline.writers.shards import ShardSetWriter
+    from glm_dist.data.loader import Loader
+
+    reference, _ = sample_run
+    _, fs = s3_server
+    listed = crawl_copy_with_leftover(reference, tmp_path / "crawl")
+    fs.put(str(tmp_path / "crawl"), "glm-test/tok-src", recursive=True)
+    half = ShardSetWriter("s3://glm-test/half", "train", 1 << 20)  # a task that fails mid-shard
+    half.write("k", np.arange(50, dtype=np.uint16), {"id": "k"})
+    half.abort()
+    assert fs.find("glm-test/half") == []
+    manifest = prepare_shards(source="s3://glm-test/tok-src", out_dir="s3://glm-test/tokens", vocab_size=400,
+                              workers=1)
+    assert manifest["source"]["documents"] == listed
+    objects = [p.rsplit("/", 1)[1] for p in fs.find("glm-test/tokens")]
+    assert not [o for o in objects if ".tmp" in o]  # written straight to their keys: no copy-and-delete
+    names = [i["name"] for split in manifest["splits"].values() for i in split]
+    assert set(names) | {i["index"] for split in manifest["splits"].values() for i in split} <= set(objects)
+    fs.get("glm-test/tokens", str(tmp_path / "local"), recursive=True)
+    kw = dict(objective="clm", seq_len=32, micro_batch_size=4, seed=1)
+    remote, local = Loader("s3://glm-test/tokens", **kw), Loader(str(tmp_path / "local"), **kw)
+    for _ in range(2):  # range reads from the bucket give the batches of the downloaded copy
+        a, b = remote.next_step(), local.next_step()
+        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
+    assert remote.read_stats.bytes > 0 and not any(remote.skipped.values())
+
+
 def test_frequent_benchmark_ngrams_are_ignored_and_missing_fields_reported(tmp_path):
     boiler = "all rights reserved by the publishers of this fine website and its many partners around the world"
     docs = [{"id": f"d{i}", "text": f"{PROSE} Page {i} says: {boiler}. " + PROSE} for i in range(12)]
@@ -449,8 +595,9 @@ def test_slurm_arrays_produce_the_same_output_as_the_local_pool(slurm_cluster, s
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     jobs = proc.stdout.split()
-    assert len(jobs) == 6  # benchmarks, filter, buckets, clusters, write, card
-    assert "stage filter: 4 task(s)" in proc.stderr and "stage buckets: 15 task(s)" in proc.stderr
+    assert len(jobs) == 8  # benchmarks, filter, buckets, the clusters rounds' driver, removals, decontam, write, card
+    assert "stage filter: 4 task(s)" in proc.stderr and "stage buckets: 4 task(s)" in proc.stderr  # 4 partitions
+    assert "stage clusters: driver of the rounds" in proc.stderr
     deadline = time.time() + 600
     while not (out / "work/markers/card/00000.json").exists():
         states = {j: job_info(j).get("JobState") for j in jobs}
@@ -460,6 +607,7 @@ def test_slurm_arrays_produce_the_same_output_as_the_local_pool(slurm_cluster, s
         time.sleep(1)
     logs = sorted((tmp_path / "slurm-logs").glob("glm-filter-*.out"))
     assert len(logs) == 4  # one log per array task
+    assert sorted((tmp_path / "slurm-logs").glob("glm-clusters-000-*.out"))  # a round, submitted by the driver
     assert run_files(out) == run_files(reference)
 
 

@@ -163,3 +163,18 @@ def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, tmp_path):
     assert result["valid_exact_match"] >= result["majority_baseline"], result
     # most generated answers are one of the task's labels (a 60-step model still misspells some)
     assert result["valid_in_output_space"] >= 0.5, result
+    # beside exact match: token F1, ROUGE-L and BLEU of the same generations
+    assert result["valid_exact_match"] <= result["valid_f1"] <= 1 and 0 <= result["valid_rougeL"] <= 1
+    assert 0 <= result["valid_bleu"] <= 100
+
+
+def test_text_to_text_scores_are_exact_match_token_f1_rouge_l_and_bleu():
+    from glm_dist.eval.text_metrics import text_scores
+
+    same = ["return the number of items", "open a file"]
+    assert text_scores(same, same) == {"exact_match": 1.0, "f1": 1.0, "rougeL": 1.0, "bleu": pytest.approx(100.0)}
+    scores = text_scores(["the cat sat on the mat", "tarfile"], ["the cat sat on the red mat", "shutil"])
+    assert scores["exact_match"] == 0.0
+    assert scores["f1"] == pytest.approx((8 / 9 + 0) / 2)  # "cat sat on mat" in "cat sat on red mat"; nothing
+    assert scores["rougeL"] == pytest.approx((12 / 13 + 0) / 2)  # LCS 6 of 6 and of 7 words
+    assert 0 < scores["bleu"] < 100

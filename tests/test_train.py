@@ -65,40 +65,47 @@ def tree_digest(root: Path) -> dict[str, str]:
 def test_corrupt_or_missing_checkpoint_stops_with_a_clear_error_and_writes_nothing(shards_dir, tmp_path):
     run_glm(fast(shards_dir, tmp_path, "train.max_steps=3"))
     ckpt = tmp_path / "checkpoints/step_00000003"
-    model_file = ckpt / "state/mp_rank_00_model_states.pt"
+    model_file = ckpt / "shards/rank00000.fp32.safetensors"
+    size = model_file.stat().st_size
     model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated, as by a full disk
     before = tree_digest(tmp_path)
     proc = run_glm(fast(shards_dir, tmp_path, "train.max_steps=6"), check=False)
     assert proc.returncode == 2
-    assert "state/mp_rank_00_model_states.pt is 1000 bytes, expected" in proc.stderr
+    assert "skipping step_00000003" in proc.stderr and "none of the 1 checkpoints" in proc.stderr
+    assert "shards/rank00000.fp32.safetensors is 1000 bytes, expected" in proc.stderr
     assert "use an earlier checkpoint" in proc.stderr
     assert tree_digest(tmp_path) == before
 
     proc = run_glm(fast(shards_dir, tmp_path, f"train.resume={tmp_path}/checkpoints/step_00000099"), check=False)
-    assert proc.returncode == 2 and "step_00000099 does not exist" in proc.stderr
+    assert proc.returncode == 2 and "step_00000099 is not a directory" in proc.stderr
     assert tree_digest(tmp_path) == before
 
-    # Same size, garbage bytes: caught when DeepSpeed loads it, still without writing anything.
-    model_file.write_bytes(b"\x00" * model_file.stat().st_size)
+    # Same size, garbage bytes: the SHA-256 in meta.json catches it before anything is loaded ...
+    model_file.write_bytes(b"\x00" * size)
+    proc = run_glm(fast(shards_dir, tmp_path, f"train.resume={ckpt}"), check=False)
+    assert proc.returncode == 2 and "does not match its SHA-256" in proc.stderr
+    # ... and with meta.json edited to match, the load refuses the file, still without writing anything.
     meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"]["state/mp_rank_00_model_states.pt"] = model_file.stat().st_size
+    meta["files"]["shards/rank00000.fp32.safetensors"] = {"size": size,
+                                                          "sha256": hashlib.sha256(b"\x00" * size).hexdigest()}
     (ckpt / "meta.json").write_text(json.dumps(meta))
     before = tree_digest(tmp_path)
     proc = run_glm(fast(shards_dir, tmp_path, "train.max_steps=6"), check=False)
-    assert proc.returncode == 2 and "could not be loaded" in proc.stderr and "step_00000003" in proc.stderr
+    assert proc.returncode == 2 and "is corrupt or not a weights file" in proc.stderr and "step_00000003" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert tree_digest(tmp_path) == before
 
 
 def test_interrupted_save_is_never_resumed_from(shards_dir, tmp_path):
     run_glm(fast(shards_dir, tmp_path, "train.max_steps=4", "train.save_interval=2", "train.stop_at_step=4"))
-    debris = tmp_path / "checkpoints/.tmp-step_00000006/state"
+    debris = tmp_path / "checkpoints/.tmp-step_00000006/shards"
     debris.mkdir(parents=True)
-    (debris / "mp_rank_00_model_states.pt").write_bytes(b"half a file")
+    (debris / "rank00000.fp32.safetensors").write_bytes(b"half a file")
     (tmp_path / "checkpoints/latest").write_text("step_00000006")  # even a wrong pointer
     from glm_dist.parallel.distributed import DistInfo
     from glm_dist.train.checkpoint import CheckpointManager
 
-    assert CheckpointManager(tmp_path / "checkpoints", DistInfo(0, 1, 0)).latest().name == "step_00000004"
+    assert CheckpointManager(tmp_path / "checkpoints", DistInfo(0, 1, 0)).candidates()[0].name == "step_00000004"
 
 
 NAN_SCRIPT = r"""
@@ -112,7 +119,8 @@ trainer = Trainer(cfg)
 bad = {2, 4, 5, 6}  # 0-based steps whose forward returns NaN
 module = trainer.engine.module
 forward = module.forward
-module.forward = lambda x: forward(x) * (float("nan") if trainer.state.step in bad else 1.0)
+scale = lambda out, f: out._replace(nll=out.nll * f) if hasattr(out, "_replace") else out * f  # logits or fused NLL
+module.forward = lambda x, **kw: scale(forward(x, **kw), float("nan") if trainer.state.step in bad else 1.0)
 report = []
 try:
     for _ in range(10):

@@ -80,7 +80,7 @@ def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority
     assert result["labels"] == ["calendar", "math", "shutil", "tarfile", "urllib.parse"]
     assert result["valid_examples"] >= 40
     assert result["valid_accuracy"] >= result["majority_baseline"] + 0.1, result  # one clean-clone run measured +0.14
-    assert (tmp_path / "ft/finetune.json").exists() and (tmp_path / "ft/classifier.pt").exists()
+    assert (tmp_path / "ft/finetune.json").exists() and (tmp_path / "ft/model.safetensors").exists()
 
 
 def test_span_head_scores_start_and_end_with_two_vectors_and_ignores_padding():

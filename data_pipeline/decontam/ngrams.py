@@ -11,19 +11,23 @@ drops the whole document (mode ``drop_document``, Dolma).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 
 from data_pipeline.dedup.hashing import normalize, window_hashes
 from data_pipeline.document import Stats
-from data_pipeline.recipe import DecontamCfg
+from data_pipeline.readers import max_record_bytes, open_stream, read_line
+from data_pipeline.recipe import DecontamCfg, ReaderCfg
+from data_pipeline.remote import open_url
+from data_pipeline.storage import Store
 
 TOKEN = re.compile(r"\S+")
+MAX_INDEX_BYTES = 4 * 2**30  # the n-gram index of the benchmarks (tens of MB for all of lm-eval's)
 
 
 def doc_ngrams(text: str, n: int) -> np.ndarray:
@@ -51,21 +55,22 @@ class BenchmarkIndex:
         hi = np.searchsorted(self.pair_hash, hashes, side="right")
         return np.unique(np.concatenate([self.pair_item[a:b] for a, b in zip(lo, hi)] or [np.zeros(0, np.int64)]))
 
-    def save(self, path: str) -> None:
-        np.savez(path + ".npz", hashes=self.hashes, pair_hash=self.pair_hash, pair_item=self.pair_item)
-        with open(path + ".items.json", "w") as f:
-            json.dump(self.items, f)
+    def save(self, store: Store, key: str) -> None:
+        buf = io.BytesIO()
+        np.savez(buf, hashes=self.hashes, pair_hash=self.pair_hash, pair_item=self.pair_item)
+        store.write_bytes(key + ".npz", buf.getvalue())
+        store.write_bytes(key + ".items.json", json.dumps(self.items).encode())
 
     @classmethod
-    def load(cls, path: str) -> "BenchmarkIndex":
-        z = np.load(path + ".npz")
-        with open(path + ".items.json") as f:
-            items = json.load(f)
+    def load(cls, store: Store, key: str) -> "BenchmarkIndex":
+        z = np.load(io.BytesIO(store.read_bytes(key + ".npz", MAX_INDEX_BYTES)), allow_pickle=False)
+        items = json.loads(store.read_bytes(key + ".items.json", MAX_INDEX_BYTES))
         return cls(z["hashes"], z["pair_hash"], z["pair_item"], items)
 
 
 def build_index(files: list[str], cfg: DecontamCfg, stats: Stats) -> BenchmarkIndex:
-    """Read benchmark items (JSONL or Parquet); an item's text is its configured fields joined.
+    """Read benchmark items (JSONL or Parquet); an item's text is its configured fields joined, and
+    it is known by its file and line (row) and, when it has one, its ``id`` field.
     An item with none of the fields is reported (file, line) and skipped; an item shorter than
     ``n`` words cannot be checked and is counted as such."""
     items, hashes, owners = [], [], []
@@ -80,7 +85,8 @@ def build_index(files: list[str], cfg: DecontamCfg, stats: Stats) -> BenchmarkIn
                 continue
             text = "\n".join(parts)
             grams = np.unique(doc_ngrams(text, cfg.n))
-            items.append({"benchmark": bench, "item": lineno, "words": len(normalize(text, "janitor").split())})
+            items.append({"benchmark": bench, "item": lineno, "id": _item_id(record),
+                          "words": len(normalize(text, "janitor").split())})
             if len(grams) == 0:
                 stats.error("benchmark item shorter than n words", path, lineno, f"fewer than {cfg.n} words: not checkable")
                 continue
@@ -92,16 +98,26 @@ def build_index(files: list[str], cfg: DecontamCfg, stats: Stats) -> BenchmarkIn
     return BenchmarkIndex(np.unique(pair_hash), pair_hash[order], pair_item[order], items)
 
 
-def _records(path: str, stats: Stats):
+def _records(path: str, stats: Stats, cfg: ReaderCfg = ReaderCfg()):
+    """Benchmark items with their row or line number; lines bounded by ``reader.max_record_mb``."""
     if ".parquet" in path:
         import pyarrow.parquet as pq
 
-        with fsspec.open(path, "rb") as f:
+        with open_url(path, "rb") as f:
             for row, record in enumerate(pq.read_table(f).to_pylist(), 1):
                 yield row, record
         return
-    with fsspec.open(path, "rb", compression="infer") as f:
-        for lineno, line in enumerate(f, 1):
+    f, close, _ = open_stream(path, cfg)
+    try:
+        lineno = 0
+        while True:
+            line, _ = read_line(f, max_record_bytes(cfg))
+            lineno += 1
+            if line == b"":
+                return
+            if line is None:
+                stats.error("malformed benchmark line", path, lineno, f"longer than {cfg.max_record_mb:g} MB")
+                continue
             if not line.strip():
                 continue
             try:
@@ -113,6 +129,14 @@ def _records(path: str, stats: Stats):
                 yield lineno, record
             else:
                 stats.error("malformed benchmark line", path, lineno, "not a JSON object")
+    finally:
+        close()
+
+
+def _item_id(record: dict) -> str | None:
+    """The item's own ``id`` field (what ``glm eval --contamination`` matches), when it has one."""
+    value = record.get("id")
+    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def _as_text(value) -> str:

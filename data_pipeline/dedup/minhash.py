@@ -1,11 +1,11 @@
-"""Exact and MinHash-LSH near-duplicate detection, as a file-based map/reduce.
+"""Exact and MinHash-LSH near-duplicate keys: the map side of dedup.
 
-map (one task per input file): for every document that survived the filters, an exact key
-(128-bit hash of the text lowercased with whitespace folded) and ``bands`` LSH band keys.
-buckets (one task per band, plus one for the exact keys): documents that share a key -> edges.
-clusters (one task): connected components of all edges; each component keeps the document that
-comes first in (input file, position) order -- deterministic, whatever the executor -- and the rest
-go on a per-task removal list that the write stage applies.
+For every document that survived the filters (one filter task per input file): an exact key
+(128-bit hash of the text lowercased with whitespace folded) and ``bands`` LSH band keys. The
+stages after it (``stages/buckets.py``, ``stages/clusters.py``, ``stages/removals.py``) group equal
+keys by hash range, find the connected components of the pairs partition by partition, and keep
+the document of each component that comes first in (input file, position) order -- deterministic,
+whatever the executor.
 
 Signatures follow FineWeb: word 5-grams of simplified text (lowercase, digits -> 0, punctuation
 removed), 14 bands x 8 rows = 112 permutations (similarity threshold ~0.72). Shingle hashes come from byte prefix sums over the normalised text
@@ -50,31 +50,3 @@ class MinHasher:
     def band_keys(self, signature: np.ndarray) -> np.ndarray:
         rows = signature.reshape(self.bands, self.rows).astype("<u4")
         return np.array([xxhash.xxh64_intdigest(r.tobytes()) for r in rows], dtype=np.uint64)
-
-
-def edges_from_keys(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Pairs (first id, other id) for every group of equal keys. ``keys`` may be 2-D (compared
-    row-wise). Returns an (E, 2) int64 array."""
-    if len(ids) < 2:
-        return np.zeros((0, 2), dtype=np.int64)
-    order = np.lexsort(keys.T[::-1]) if keys.ndim == 2 else np.argsort(keys, kind="stable")
-    k, i = keys[order], ids[order]
-    same = np.all(k[1:] == k[:-1], axis=1) if keys.ndim == 2 else k[1:] == k[:-1]
-    if not same.any():
-        return np.zeros((0, 2), dtype=np.int64)
-    # Link each member to its predecessor in the sorted run: a chain connects the whole group.
-    return np.stack([i[:-1][same], i[1:][same]], axis=1).astype(np.int64)
-
-
-def components(n: int, edges: np.ndarray) -> np.ndarray:
-    """Component label (the smallest member id) of each of ``n`` nodes."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    if len(edges) == 0:
-        return np.arange(n)
-    graph = coo_matrix((np.ones(len(edges), dtype=np.int8), (edges[:, 0], edges[:, 1])), shape=(n, n))
-    _, labels = connected_components(graph, directed=False)
-    smallest = np.full(labels.max() + 1, n, dtype=np.int64)
-    np.minimum.at(smallest, labels, np.arange(n))
-    return smallest[labels]

@@ -1,66 +1,62 @@
-"""Task bookkeeping shared by the executors: completion markers and atomic file writes.
+"""Task bookkeeping shared by the executors: completion markers, whole-or-nothing writes, memory.
 
-A task writes its outputs under temporary names, renames them into place, and writes its
-completion marker last. A rerun skips every task with a marker, and a task that died half-way
-simply runs again and overwrites its temporary files: nothing is duplicated or lost, and the
-final bytes are the same as an uninterrupted run's.
+A task writes its outputs whole-or-nothing (``storage.Store``) and its completion marker last.
+A rerun skips every task with a marker, and a task that died half-way simply runs again and
+writes the same objects: nothing is duplicated or lost, and the final bytes are the same as an
+uninterrupted run's. Each marker also records the task's peak memory (``memory``).
 """
 from __future__ import annotations
 
 import gzip
 import json
-import os
-from contextlib import contextmanager
+import resource
+import sys
+from typing import Callable
+
+from data_pipeline.storage import AtomicFile, Store
+
+MAX_MARKER_BYTES = 64 * 2**20
 
 
-def marker_path(work: str, stage: str, task: int) -> str:
-    return os.path.join(work, "markers", stage, f"{task:05d}.json")
+def marker_key(stage: str, task: int) -> str:
+    return f"markers/{stage}/{task:05d}.json"
 
 
-def is_done(work: str, stage: str, task: int) -> bool:
-    return os.path.exists(marker_path(work, stage, task))
+def is_done(work: Store, stage: str, task: int) -> bool:
+    return work.exists(marker_key(stage, task))
 
 
-def write_marker(work: str, stage: str, task: int, payload: dict) -> None:
-    atomic_write_bytes(marker_path(work, stage, task), json.dumps(payload, sort_keys=True).encode())
+def done_tasks(work: Store, stage: str) -> set[int]:
+    """The tasks of ``stage`` with a marker (one listing, not a request per task)."""
+    return {int(name[:-5]) for name in work.list(f"markers/{stage}") if name.endswith(".json") and name[:-5].isdigit()}
 
 
-def read_marker(work: str, stage: str, task: int) -> dict:
-    with open(marker_path(work, stage, task)) as f:
-        return json.load(f)
+def write_marker(work: Store, stage: str, task: int, payload: dict) -> None:
+    work.write_bytes(marker_key(stage, task), json.dumps(payload, sort_keys=True).encode())
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def read_marker(work: Store, stage: str, task: int) -> dict:
+    return json.loads(work.read_bytes(marker_key(stage, task), MAX_MARKER_BYTES))
 
 
-@contextmanager
-def atomic_open(path: str):
-    """A binary file that appears at ``path`` only when the block completes."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        yield f
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def run_once(work: Store, stage: str, task: int, fn: Callable[[], dict]) -> None:
+    """Run a task unless its marker exists; its marker (``fn``'s dict and the task's peak memory)
+    is written after everything the task wrote."""
+    if is_done(work, stage, task):
+        return
+    memory = TaskMemory()
+    result = fn()
+    result["memory"] = memory.report()
+    write_marker(work, stage, task, result)
 
 
 class JsonlGzWriter:
-    """Deterministic gzip JSONL (no timestamp or file name in the header), streamed to a temporary
-    file and renamed into place by ``close``."""
+    """Deterministic gzip JSONL (no timestamp or file name in the header), streamed and made visible
+    by ``close`` (whole-or-nothing, see ``storage``)."""
 
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.path, self.tmp = path, f"{path}.tmp.{os.getpid()}"
-        self.raw = open(self.tmp, "wb")
-        self.gz = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0, filename="", compresslevel=6)
+    def __init__(self, store: Store, key: str) -> None:
+        self.key, self.file = key, AtomicFile(store, key)
+        self.gz = gzip.GzipFile(fileobj=self.file, mode="wb", mtime=0, filename="", compresslevel=6)
         self.count = 0
 
     def write(self, line: str) -> None:
@@ -69,7 +65,42 @@ class JsonlGzWriter:
 
     def close(self) -> None:
         self.gz.close()
-        self.raw.flush()
-        os.fsync(self.raw.fileno())
-        self.raw.close()
-        os.replace(self.tmp, self.path)
+        self.file.commit()
+
+
+class TaskMemory:
+    """A task's peak resident memory. Linux resets the process's high-water mark on request
+    (``/proc/self/clear_refs``), so a pool worker that ran a bigger task before still reports this
+    task's own peak; elsewhere the process's peak so far is reported."""
+
+    def __init__(self) -> None:
+        self.resettable = _reset_peak()
+        self.start_mb = _status_mb("VmRSS") or 0.0
+
+    def report(self) -> dict:
+        peak = _status_mb("VmHWM") if self.resettable else None
+        if peak is None:
+            scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+        return {"peak_rss_mb": round(peak, 1), "start_rss_mb": round(self.start_mb, 1),
+                "task_mb": round(max(0.0, peak - self.start_mb), 1)}
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None

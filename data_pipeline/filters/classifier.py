@@ -60,11 +60,12 @@ class QualityClassifier:
 
     @classmethod
     def load(cls, path: str) -> "QualityClassifier":
-        import fsspec
+        import io
 
-        with fsspec.open(path, "rb") as f:
-            z = np.load(f)
-            return cls(z["w"].astype(np.float64), float(z["b"]), json.loads(str(z["info"])))
+        from data_pipeline.remote import read_limited
+
+        z = np.load(io.BytesIO(read_limited(path, 1 << 30)), allow_pickle=False)  # data, never code
+        return cls(z["w"].astype(np.float64), float(z["b"]), json.loads(str(z["info"])))
 
 
 def keep(doc_id: str, score: float, alpha: float, seed: int) -> bool:

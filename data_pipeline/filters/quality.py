@@ -150,10 +150,10 @@ def fineweb(text: str, cfg: FineWebCfg) -> Result:
 def load_bad_words(path: str | None) -> re.Pattern | None:
     if not path:
         return None
-    import fsspec
+    from data_pipeline.remote import read_limited
 
-    with fsspec.open(path, "rt", encoding="utf-8") as f:
-        entries = sorted({line.strip().lower() for line in f if line.strip()}, key=len, reverse=True)
+    lines = read_limited(path, 64 * 2**20).decode("utf-8", "replace").splitlines()
+    entries = sorted({line.strip().lower() for line in lines if line.strip()}, key=len, reverse=True)
     if not entries:
         return None
     return re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, entries)) + r")(?!\w)")

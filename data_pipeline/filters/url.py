@@ -3,18 +3,19 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-import fsspec
 
 from data_pipeline.recipe import UrlCfg
+from data_pipeline.remote import read_limited
+
+MAX_LIST_BYTES = 256 * 2**20  # a block list of a few million domains
 
 
 class UrlFilter:
     def __init__(self, cfg: UrlCfg) -> None:
         domains = {d.strip().lower().lstrip(".") for d in cfg.blocklist if d.strip()}
         for path in cfg.blocklist_files:
-            with fsspec.open(path, "rt", encoding="utf-8") as f:
-                domains.update(line.strip().lower().lstrip(".") for line in f
-                               if line.strip() and not line.startswith("#"))
+            lines = read_limited(path, MAX_LIST_BYTES).decode("utf-8", "replace").splitlines()
+            domains.update(line.strip().lower().lstrip(".") for line in lines if line.strip() and not line.startswith("#"))
         self.domains = frozenset(domains)
         self.substrings = tuple(s.lower() for s in cfg.banned_substrings if s)
 

@@ -17,23 +17,33 @@ import zlib
 from typing import Iterator
 
 from data_pipeline.document import Document, Stats
-from data_pipeline.readers import open_stream
+from data_pipeline.readers import SKIP_CHUNK, error_reason, max_record_bytes, open_stream, read_line
 from data_pipeline.recipe import ReaderCfg
 
 READ_ERRORS = (EOFError, OSError, zlib.error)
 PAGE_TYPES = {b"response", b"resource", b"conversion"}
+MAX_HEADER_BYTES = 1 << 20  # a WARC header block (version line + headers); real ones hold a few KiB
+
+
+class _HeadersTooLong(Exception):
+    """A WARC header block over ``MAX_HEADER_BYTES`` (an endless header line, or endless headers)."""
+
+
+class _CutShort(Exception):
+    """The stream ends inside a record's content block."""
 
 
 class _Counting:
-    """A readline/read wrapper that tracks the uncompressed offset."""
+    """Bounded readline / read over the decompressed stream, tracking the uncompressed offset."""
 
     def __init__(self, f) -> None:
         self.f = f
         self.offset = 0
 
-    def readline(self) -> bytes:
-        line = self.f.readline()
-        self.offset += len(line)
+    def readline(self, limit: int) -> bytes | None:
+        """The next line (b"" at the end), or None for a line over ``limit`` bytes (skipped)."""
+        line, n = read_line(self.f, limit)
+        self.offset += n
         return line
 
     def read(self, n: int) -> bytes:
@@ -44,7 +54,7 @@ class _Counting:
     def skip(self, n: int) -> int:
         done = 0
         while done < n:
-            chunk = self.read(min(1 << 20, n - done))
+            chunk = self.read(min(SKIP_CHUNK, n - done))
             if not chunk:
                 break
             done += len(chunk)
@@ -52,56 +62,21 @@ class _Counting:
 
 
 def read_warc(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
-    name = os.path.basename(path)
-    max_bytes = int(cfg.max_record_mb * 2**20)
-    read_stage = stats.stage("read")
-    stream, close, status = open_stream(path)
+    try:
+        stream, close, status = open_stream(path, cfg)
+    except READ_ERRORS as err:
+        stats.error(error_reason(err), path, 0, f"{type(err).__name__}: {err}")
+        return
     f, early = _Counting(stream), False
     try:
-        index, quiet = 0, False
-        while True:
-            start = f.offset
+        for doc in _pages(f, path, cfg, stats):
             try:
-                headers = _read_headers(f, path, stats, quiet=quiet)
-                quiet = False
-                if headers is None:
-                    return
-                length = _content_length(headers)
-                if length is None:
-                    stats.error("malformed WARC record", path, start, "missing or invalid Content-Length")
-                    quiet = True
-                    continue  # _read_headers resynchronises on the next WARC/ line
-                rtype = headers.get(b"warc-type", b"").lower()
-                if rtype not in PAGE_TYPES:
-                    stats.records[rtype.decode("latin-1") or "unknown"] += 1
-                    if f.skip(length) < length:
-                        stats.error("truncated WARC record", path, start, f"{rtype.decode('latin-1')} record cut short")
-                        return
-                    continue
-                if length > max_bytes:
-                    read_stage.seen += 1
-                    read_stage.bytes_in += length
-                    read_stage.dropped[f"record larger than {cfg.max_record_mb:g} MB"] += 1
-                    if f.skip(length) < length:
-                        stats.error("truncated WARC record", path, start, "cut short")
-                        return
-                    continue
-                block = f.read(length)
-                if len(block) < length:
-                    stats.error("truncated WARC record", path, start,
-                                f"Content-Length {length} but only {len(block)} bytes before the end")
-                    return
-            except READ_ERRORS as err:
-                stats.error("truncated or corrupt compressed stream", path, f.offset, f"{type(err).__name__}: {err}")
-                return
-            doc = _document(headers, rtype, block, f"{name}#{index}", path, start, stats)
-            index += 1
-            if doc is not None:
-                try:
-                    yield doc
-                except GeneratorExit:  # the consumer stopped early (max_docs_per_file)
-                    early = True
-                    raise
+                yield doc
+            except GeneratorExit:  # the consumer stopped early (max_docs_per_file)
+                early = True
+                raise
+    except READ_ERRORS as err:
+        stats.error(error_reason(err), path, f.offset, f"{type(err).__name__}: {err}")
     finally:
         ended = None if early else status()
         if ended:
@@ -109,25 +84,84 @@ def read_warc(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
         close()
 
 
+def _pages(f: _Counting, path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
+    name = os.path.basename(path)
+    index, quiet = 0, False
+    while True:
+        start = f.offset
+        try:
+            headers = _read_headers(f, path, stats, quiet=quiet)
+        except _HeadersTooLong as err:
+            stats.error("malformed WARC record", path, start, str(err))
+            quiet = True  # the next call resynchronises on the next WARC/ line
+            continue
+        if headers is None:
+            return
+        length = _content_length(headers)
+        quiet = length is None
+        if length is None:
+            stats.error("malformed WARC record", path, start, "missing or invalid Content-Length")
+            continue  # _read_headers resynchronises on the next WARC/ line
+        try:
+            block = _page_block(f, headers, length, cfg, stats)
+        except _CutShort as err:
+            stats.error("truncated WARC record", path, start, str(err))
+            return
+        if block is None:
+            continue
+        doc = _document(headers, headers.get(b"warc-type", b"").lower(), block, f"{name}#{index}", path, start, stats)
+        index += 1
+        if doc is not None:
+            yield doc
+
+
+def _page_block(f: _Counting, headers: dict[bytes, bytes], length: int, cfg: ReaderCfg, stats: Stats) -> bytes | None:
+    """The content block of a page record; None for another record type or an oversized page
+    (skipped and counted)."""
+    rtype = headers.get(b"warc-type", b"").lower()
+    if rtype not in PAGE_TYPES:
+        stats.records[rtype.decode("latin-1") or "unknown"] += 1
+        if f.skip(length) < length:
+            raise _CutShort(f"{rtype.decode('latin-1')} record cut short")
+        return None
+    if length > max_record_bytes(cfg):
+        read_stage = stats.stage("read")
+        read_stage.seen += 1
+        read_stage.bytes_in += length
+        read_stage.dropped[f"record larger than {cfg.max_record_mb:g} MB"] += 1
+        if f.skip(length) < length:
+            raise _CutShort("cut short")
+        return None
+    block = f.read(length)
+    if len(block) < length:
+        raise _CutShort(f"Content-Length {length} but only {len(block)} bytes before the end")
+    return block
+
+
 def _read_headers(f: _Counting, path: str, stats: Stats, quiet: bool = False) -> dict[bytes, bytes] | None:
     """Skip to the next ``WARC/`` version line (reporting anything else once) and parse the headers.
-    None at the end of the stream."""
+    None at the end of the stream; ``_HeadersTooLong`` past ``MAX_HEADER_BYTES``."""
     junk_at = None
     while True:
-        line = f.readline()
-        if not line:
+        at = f.offset
+        line = f.readline(MAX_HEADER_BYTES)
+        if line == b"":
             if junk_at is not None:
                 stats.error("malformed WARC record", path, junk_at, "data that is not a WARC record")
             return None
-        if line.startswith(b"WARC/"):
+        if line is not None and line.startswith(b"WARC/"):
             break
-        if line.strip() and junk_at is None and not quiet:
-            junk_at = f.offset - len(line)
+        if (line is None or line.strip()) and junk_at is None and not quiet:
+            junk_at = at
     if junk_at is not None:
         stats.error("malformed WARC record", path, junk_at, "data that is not a WARC record (skipped to the next one)")
     headers: dict[bytes, bytes] = {}
+    budget = MAX_HEADER_BYTES - len(line)
     while True:
-        line = f.readline()
+        line = f.readline(budget)
+        if line is None:
+            raise _HeadersTooLong(f"WARC headers longer than {MAX_HEADER_BYTES} bytes (skipped to the next record)")
+        budget -= len(line)
         if not line or line in (b"\r\n", b"\n"):
             return headers
         key, sep, value = line.partition(b":")

@@ -6,6 +6,11 @@ Three steps, each resumable:
    marker (``.tasks/NNNNN.json``), so a rerun after a crash skips finished tasks; tasks run in a
    local process pool, or one per SLURM array task (``--task``);
 3. merge: the markers become ``manifest.json``, written last (the completion marker of the set).
+
+``data.source`` naming a crawl-pipeline output (its folder or URL, or its ``manifest.json``) is read
+through that run's manifest, never a listing: what a crashed or unfinished run left is not read.
+The output may be an object store (``s3://...``): every file appears whole (writers/shards.py), and
+the token set becomes visible through its manifest, written last.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -23,14 +29,22 @@ import fsspec
 import numpy as np
 from tokenizers import Tokenizer
 
+from data_pipeline.document import Stats
 from data_pipeline.embedded import embedded_documents
+from data_pipeline.executors.cpus import available_cpus
+from data_pipeline.manifest import finished_run_shards
+from data_pipeline.pipeline import PipelineError
+from data_pipeline.readers import read
+from data_pipeline.recipe import ReaderCfg
+from data_pipeline.remote import RemoteReadError, check_host, check_scheme, open_url, storage_options
 from data_pipeline.tokenize.profiles import PROFILES, special_ids, train_tokenizer
 from data_pipeline.tokenize.sentences import sentence_char_starts, sentence_token_starts
-from data_pipeline.writers.shards import ShardSetWriter, write_manifest
+from data_pipeline.writers.shards import INDEX_FORMAT, ShardSetWriter, write_bytes, write_manifest
 
 log = logging.getLogger(__name__)
 ENCODE_BATCH = 256
 EMBEDDED_FILES = 4  # the embedded corpus is materialised as this many source files (= tasks)
+MAX_TOKENIZER_BYTES = 256 * 2**20  # a tokenizer.json of a 250k vocabulary is ~20 MB
 
 
 @dataclass(frozen=True)
@@ -44,38 +58,86 @@ class ShardSpec:
     shard_max_bytes: int = 64 * 2**20
     text_field: str = "text"
     tokenizer_train_chars: int = 500_000_000  # train the tokenizer on at most this much text
+    max_record_mb: float = 10.0  # a larger JSON line or text file is skipped and counted (record_too_large)
 
 
-def read_documents(source: str, *, text_field: str = "text", skipped: Counter | None = None) -> Iterator[dict]:
+def read_documents(source: str, *, text_field: str = "text", max_record_mb: float = 10.0,
+                   skipped: Counter | None = None) -> Iterator[dict]:
     """Documents from ``embedded`` or from JSONL (.gz/.zst/...) / text files matching a path, glob
-    or fsspec URL. A malformed line or a record without a string text field is skipped and counted."""
+    or fsspec URL, read by the crawl pipeline's readers: a malformed line, a record without a
+    string text field, one over ``max_record_mb``, a damaged file are skipped and counted."""
     skipped = skipped if skipped is not None else Counter()
     if source == "embedded":
         yield from embedded_documents()
         return
-    files = fsspec.open_files(source, "rt", compression="infer", encoding="utf-8", errors="replace")
+    for url in _source_urls(source):
+        yield from _read_file(url, text_field=text_field, max_record_mb=max_record_mb, skipped=skipped)
+
+
+def _source_urls(source: str) -> list[str]:
+    """The files ``data.source`` names, sorted, as full URLs: a crawl-pipeline run's document shards
+    as its manifest lists them, else the files a path, glob or URL matches."""
+    try:
+        check_scheme(source, "data.source")
+    except ValueError as err:
+        raise PipelineError(str(err)) from None
+    try:
+        check_host(source)
+    except RemoteReadError as err:
+        raise PipelineError(f"data.source {err}") from None
+    shards = finished_run_shards(source)
+    if shards is not None:
+        return shards
+    files = [f.full_name for f in fsspec.open_files(source, **storage_options(source))]
     if not files:
         raise FileNotFoundError(f"data.source {source!r} matches no file")
-    for file in files:
-        yield from _read_file(file, text_field, skipped)
+    return sorted(files)
 
 
-def _read_file(file, text_field: str, skipped: Counter) -> Iterator[dict]:
-    path = file.path
-    with file as f:
-        if ".json" not in path:
-            yield {"id": path, "text": f.read()}
-            return
-        for lineno, line in enumerate(f, 1):
-            try:
-                text = json.loads(line)[text_field]
-                if not isinstance(text, str):
-                    raise TypeError
-            except (json.JSONDecodeError, KeyError, TypeError):
-                skipped["bad_jsonl_record"] += 1
-                log.warning("skipping %s:%d: not a JSON object with a string %r", path, lineno, text_field)
-                continue
-            yield {"id": f"{path}:{lineno}", "text": text}
+def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Counter | None) -> Iterator[dict]:
+    """The documents of one file (``.json`` in the name: JSONL, else one text document), with the
+    ids shards have always used -- ``PATH:LINE`` and ``PATH`` -- since the split and the shard keys
+    hash them. What the reader skips is added to ``skipped`` under :func:`_skip_key` names and
+    logged (``skipped=None``: neither, for the tokenizer-training pass over the same files)."""
+    path = fsspec.core.url_to_fs(url)[1]
+    fmt = "jsonl" if ".json" in path else "text"
+    cfg, stats = ReaderCfg(format=fmt, text_field=text_field, id_field=None, max_record_mb=max_record_mb), Stats()
+    try:
+        for doc in read(url, cfg, stats):
+            if fmt == "jsonl":  # with id_field=None the reader's id is NAME:LINE
+                yield {"id": f"{path}:{doc.id.rpartition(':')[2]}", "text": doc.text}
+            else:  # universal newlines, as the text-mode reads before the shared readers
+                yield {"id": path, "text": doc.text.replace("\r\n", "\n").replace("\r", "\n")}
+    finally:
+        if skipped is not None:
+            _count_skips(url, stats, skipped)
+
+
+def _count_skips(url: str, stats: Stats, skipped: Counter) -> None:
+    """Add what the reader dropped (per record) and the file-level input errors to ``skipped`` by
+    skip key, and log them with the first error's place."""
+    read_stage = stats.stage("read")
+    counts: Counter = Counter()
+    for reason, n in read_stage.dropped.items():
+        counts[_skip_key(reason)] += n
+    for reason, n in stats.error_count.items():
+        if reason not in read_stage.dropped:  # record-level errors are in dropped already
+            counts[_skip_key(reason)] += n
+    skipped.update(counts)
+    if counts:
+        first = stats.errors[0] if stats.errors else None
+        log.warning("%s: skipped %s%s", url, dict(counts),
+                    f"; first: {first['reason']} at {first['offset']}: {first['detail']}" if first else "")
+
+
+def _skip_key(reason: str) -> str:
+    """``bad_jsonl_record``, ``record_too_large``, or the reader's reason in snake case
+    (``truncated_or_corrupt_compressed_stream``, ``input_unreadable``, ...)."""
+    if reason in ("malformed JSON", "missing text field", "undecodable bytes"):
+        return "bad_jsonl_record"
+    if reason.startswith("record larger than"):
+        return "record_too_large"
+    return re.sub(r"\W+", "_", reason).strip("_").lower()
 
 
 def is_validation(doc_id: str, per_mille: int) -> bool:
@@ -86,20 +148,14 @@ def is_validation(doc_id: str, per_mille: int) -> bool:
 def source_files(spec: ShardSpec) -> list[str]:
     """The input files, one encoding task each. The embedded corpus is written out first."""
     if spec.source != "embedded":
-        files = [f.full_name if hasattr(f, "full_name") else f.path for f in fsspec.open_files(spec.source)]
-        if not files:
-            raise FileNotFoundError(f"data.source {spec.source!r} matches no file")
-        return sorted(files)
+        return _source_urls(spec.source)
     fs, root = fsspec.core.url_to_fs(f"{spec.out_dir}/source")
     names = [f"{root}/embedded-{i}.jsonl.gz" for i in range(EMBEDDED_FILES)]
     if not all(fs.exists(n) for n in names):
-        fs.makedirs(root, exist_ok=True)
         docs = list(embedded_documents())
         for i, name in enumerate(names):
-            with fs.open(name + ".tmp", "wb") as raw, gzip.open(raw, "wt") as f:
-                for doc in docs[i::EMBEDDED_FILES]:
-                    f.write(json.dumps(doc) + "\n")
-            fs.mv(name + ".tmp", name)
+            text = "".join(json.dumps(doc) + "\n" for doc in docs[i::EMBEDDED_FILES])
+            write_bytes(fs.unstrip_protocol(name), gzip.compress(text.encode(), mtime=0))
     return [fs.unstrip_protocol(n) for n in names]
 
 
@@ -111,19 +167,25 @@ def ensure_tokenizer(spec: ShardSpec, files: list[str]) -> Tokenizer:
     if spec.tokenizer == "train":
         tok = train_tokenizer(spec.profile, _training_texts(spec, files), vocab_size=spec.vocab_size)
     else:
-        with fsspec.open(spec.tokenizer, "r") as f:
-            tok = Tokenizer.from_str(f.read())
-    fs.makedirs(root, exist_ok=True)
-    fs.write_text(path + ".tmp", tok.to_str())
-    fs.mv(path + ".tmp", path)
+        tok = _load_tokenizer(spec.tokenizer)
+    write_bytes(fs.unstrip_protocol(path), tok.to_str().encode())
     return tok
+
+
+def _load_tokenizer(url: str) -> Tokenizer:
+    """The tokenizer.json ``data.tokenizer`` names, read with a size bound."""
+    with open_url(url, "rb") as f:
+        data = f.read(MAX_TOKENIZER_BYTES + 1)
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise PipelineError(f"data.tokenizer={url!r} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, so not a "
+                            f"tokenizer.json; point data.tokenizer at one, or set data.tokenizer=train")
+    return Tokenizer.from_str(data.decode("utf-8"))
 
 
 def _training_texts(spec: ShardSpec, files: list[str]) -> Iterator[str]:
     budget = spec.tokenizer_train_chars
     for name in files:
-        for doc in _read_file(fsspec.open(name, "rt", compression="infer", encoding="utf-8", errors="replace"),
-                              spec.text_field, Counter()):
+        for doc in _read_file(name, text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=None):
             if not is_validation(doc["id"], spec.val_per_mille):
                 budget -= len(doc["text"])
                 yield doc["text"]
@@ -142,22 +204,24 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
     writers = {s: ShardSetWriter(spec.out_dir, s, spec.shard_max_bytes, prefix=f"{s}-{task:05d}")
                for s in ("train", "validation")}
     skipped: Counter = Counter()
-    docs = (d for d in _read_file(fsspec.open(files[task], "rt", compression="infer", encoding="utf-8",
-                                              errors="replace"), spec.text_field, skipped))
+    docs = _read_file(files[task], text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=skipped)
     documents = 0
-    for batch in _batches(docs, ENCODE_BATCH, skipped):
-        for doc, enc in zip(batch, tok.encode_batch([d["text"] for d in batch], add_special_tokens=False)):
-            split = "validation" if is_validation(doc["id"], spec.val_per_mille) else "train"
-            sentences = sentence_token_starts(sentence_char_starts(doc["text"]), enc.offsets)
-            meta = {"id": doc["id"], "n_bytes": len(doc["text"].encode())}
-            writers[split].write(hashlib.sha1(doc["id"].encode()).hexdigest()[:16],
-                                 np.asarray(enc.ids, dtype=dtype), meta, sentences=sentences)
-            documents += 1
-    result = {"task": task, "file": files[task], "documents": documents, "skipped": dict(skipped),
-              "shards": {s: [vars(i) for i in w.close()] for s, w in writers.items()}}
-    fs.makedirs(f"{root}/.tasks", exist_ok=True)
-    fs.write_text(marker + ".tmp", json.dumps(result))
-    fs.mv(marker + ".tmp", marker)
+    try:
+        for batch in _batches(docs, ENCODE_BATCH, skipped):
+            for doc, enc in zip(batch, tok.encode_batch([d["text"] for d in batch], add_special_tokens=False)):
+                split = "validation" if is_validation(doc["id"], spec.val_per_mille) else "train"
+                sentences = sentence_token_starts(sentence_char_starts(doc["text"]), enc.offsets)
+                meta = {"id": doc["id"], "n_bytes": len(doc["text"].encode())}
+                writers[split].write(hashlib.sha1(doc["id"].encode()).hexdigest()[:16],
+                                     np.asarray(enc.ids, dtype=dtype), meta, sentences=sentences)
+                documents += 1
+        shards = {s: [vars(i) for i in w.close()] for s, w in writers.items()}
+    except BaseException:
+        for w in writers.values():  # a half-written shard never appears (a rerun writes the task again)
+            w.abort()
+        raise
+    result = {"task": task, "file": files[task], "documents": documents, "skipped": dict(skipped), "shards": shards}
+    write_bytes(fs.unstrip_protocol(marker), json.dumps(result).encode())
     return result
 
 
@@ -181,6 +245,7 @@ def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
     ids = special_ids(tok, spec.profile)
     manifest = {
         "format": "glm-dist/tokenized-documents/v2",
+        "index_format": INDEX_FORMAT,  # each shard's NAME.idx.json (writers/shards.py): random access
         "tokenizer": {"file": "tokenizer.json", "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
                       "profile": spec.profile, "kind": PROFILES[spec.profile].kind,
                       "vocab_size": tok.get_vocab_size(), "eot_id": ids["eot"], "special_ids": ids},
@@ -217,7 +282,7 @@ def prepare_shards(*, workers: int = 0, task: int | None = None, **kwargs) -> di
         encode_task(spec, files, task)
         return None
     pending = [t for t in range(len(files)) if not fs.exists(f"{root}/.tasks/{t:05d}.json")]
-    workers = min(workers or os.cpu_count() or 1, len(pending))
+    workers = min(workers or available_cpus(), len(pending))
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             list(_progress(pool.map(encode_task, [spec] * len(pending), [files] * len(pending), pending), len(pending)))

@@ -12,10 +12,12 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from data_pipeline.tokenize.word import vocabulary, word_level
+
 
 @dataclass(frozen=True)
 class TokenizerProfile:
-    kind: str  # byte-bpe | wordpiece | unigram
+    kind: str  # byte-bpe | wordpiece | unigram | wordlevel
     specials: tuple[str, ...]
     roles: dict[str, str]  # role (eot, bos, eos, pad, unk, mask, cls, sep) -> token
     sentinels: int = 0
@@ -51,6 +53,9 @@ PROFILES: dict[str, TokenizerProfile] = {
         {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "cls": "<cls>", "sep": "<sep>", "pad": "<pad>",
          "mask": "<mask>", "eot": "<eod>"},
         single="$A <sep> <cls>", pair="$A <sep> $B:1 <sep>:1 <cls>:2", families=("xlnet",)),
+    "word": TokenizerProfile(  # GloVe, ELMo: the most frequent words (data_pipeline/tokenize/word.py)
+        "wordlevel", ("<pad>", "<unk>", "<bos>", "<eos>"),
+        {"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>", "eot": "<eos>"}, families=("glove", "elmo")),
 }
 
 
@@ -84,6 +89,8 @@ def train_tokenizer(profile_name: str, texts: Iterable[str], *, vocab_size: int,
         tok.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=size, special_tokens=list(p.specials), unk_token=p.roles["unk"],
                                           show_progress=False)
+    elif p.kind == "wordlevel":
+        tok, trainer = word_level(p.specials, unk=p.roles["unk"], vocab_size=size, min_frequency=min_frequency)
     else:
         raise ValueError(f"unknown tokenizer kind {p.kind!r}")
     tok.train_from_iterator(texts, trainer=trainer)
@@ -97,11 +104,14 @@ def train_tokenizer(profile_name: str, texts: Iterable[str], *, vocab_size: int,
 
 
 def special_ids(tok: Tokenizer, profile_name: str) -> dict:
-    """Role -> id, plus T5 sentinel ids (``sentinels``: id of ``<extra_id_0>``, ``<extra_id_1>``, ...)."""
+    """Role -> id, plus T5 sentinel ids (``sentinels``: id of ``<extra_id_0>``, ``<extra_id_1>``, ...) and a
+    word-level vocabulary's token strings in id order (``words``)."""
     p = PROFILES[profile_name]
     ids = {role: tok.token_to_id(token) for role, token in p.roles.items()}
     ids["all_specials"] = sorted({tok.token_to_id(t) for t in p.specials})
     if p.sentinels:
         ids["sentinels"] = [tok.token_to_id(f"<extra_id_{i}>") for i in range(p.sentinels)]
         ids["all_specials"] = sorted(set(ids["all_specials"]) | set(ids["sentinels"]))
+    if p.kind == "wordlevel":  # the words themselves: ELMo's character CNN spells them at load time
+        ids["words"] = vocabulary(tok)
     return ids

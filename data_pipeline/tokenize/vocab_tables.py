@@ -1,5 +1,5 @@
 """Per-token tables derived from a tokenizer: UTF-8 byte lengths (bits per byte) and word starts
-(whole-word masking), for the three tokenizer kinds."""
+(whole-word masking), for the four tokenizer kinds."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 def tokenizer_kind(tok: Tokenizer) -> str:
     model = json.loads(tok.to_str())["model"]["type"]
-    return {"BPE": "byte-bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}[model]
+    return {"BPE": "byte-bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "wordlevel"}[model]
 
 
 def _special_ids(tok: Tokenizer) -> set[int]:
@@ -39,6 +39,8 @@ def word_start_table(tok: Tokenizer) -> np.ndarray:
     starts = np.ones(tok.get_vocab_size(), dtype=bool)
     for token, idx in tok.get_vocab().items():
         if idx in special or not token:
+            continue
+        if kind == "wordlevel":  # every token is a word
             continue
         if kind == "wordpiece":
             starts[idx] = not token.startswith("##")

@@ -1,23 +1,35 @@
 """Cross-field checks that fail early with the numbers and the file to edit (torchtitan habit)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from glm_dist.config.loader import ConfigError, source_of
 from glm_dist.config.schema import Config
-from glm_dist.models.registry import resolve_model_config
+from glm_dist.models.registry import FAMILIES, family, resolve_model_config
+from glm_dist.objectives.registry import OBJECTIVES
 
 MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "context_length", "dropout",
-                   "sparse_window")
+                   "sparse_window", "mem_len", "reuse_len", "bi_data", "tags",
+                   "unlabelled_dropout")
 
 
 def model_config(cfg: Config) -> Any:
-    """The family's model config: the flavor with the ``model.*`` overrides applied."""
+    """The family's model config: the flavor with the ``model.*`` overrides applied (a key the
+    family's config does not have is refused, naming the family)."""
     m = cfg.model
     overrides = {k: getattr(m, k) for k in MODEL_OVERRIDES if getattr(m, k) is not None}
     try:
-        return resolve_model_config(m.family, m.flavor, **overrides)
+        spec = family(m.family)
     except KeyError as err:
+        raise ConfigError(f"{err.args[0]} (model.family in {source_of(cfg, 'model.family')})") from None
+    fields = {f.name for f in dataclasses.fields(next(iter(spec.flavors.values())).cfg)}
+    for key in overrides:
+        if key not in fields and source_of(cfg, f"model.{key}") != "<default>":
+            raise ConfigError(f"model.{key} does not apply to the {m.family} family ({source_of(cfg, 'model.' + key)})")
+    try:
+        return resolve_model_config(m.family, m.flavor, **{k: v for k, v in overrides.items() if k in fields})
+    except (KeyError, ValueError) as err:
         raise ConfigError(f"{err.args[0]} (model.family / model.flavor in {source_of(cfg, 'model.flavor')})") from None
 
 
@@ -44,8 +56,97 @@ def check_launcher_agrees(cfg: Config, env: dict[str, str]) -> None:
                               f"file and the glm config agree")
 
 
+def _at_least(low: float):
+    return (lambda v: v is None or v >= low), f">= {low:g}"
+
+
+def _above(low: float):
+    return (lambda v: v is None or v > low), f"> {low:g}"
+
+
+def _fraction(*, closed: bool = False):
+    def accepts(v) -> bool:
+        return v is None or (0 <= v <= 1 if closed else 0 <= v < 1)
+    return accepts, "in [0, 1]" if closed else "in [0, 1)"
+
+
+# key -> (accepts, what it must be): sizes and rates that no run can use, refused before anything starts
+RANGES = {
+    **{f"model.{k}": _at_least(1) for k in ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "context_length",
+                                            "sparse_window")},
+    "model.dropout": _fraction(), "model.mem_len": _at_least(0), "model.reuse_len": _at_least(0),
+    "data.seq_len": _at_least(2), "data.vocab_size": _at_least(2), "data.shard_max_bytes": _at_least(1024),
+    "data.max_record_mb": _above(0),
+    "data.val_per_mille": (lambda v: 0 <= v <= 1000, "in [0, 1000]"), "data.shuffle_window": _at_least(1),
+    "data.encode_workers": _at_least(0), "data.num_workers": _at_least(0),
+    **{f"objective.{k}": _above(0) for k in ("mask_rate", "noise_density", "mean_span", "poisson_lambda")},
+    **{f"objective.{k}": _fraction(closed=True) for k in ("mask_frac", "random_frac", "mask_ratio", "random_ratio")},
+    "objective.max_ngram": _at_least(1),
+    "train.lr": _above(0), "train.warmup_steps": _at_least(0), "train.weight_decay": _at_least(0),
+    "train.beta1": _fraction(), "train.beta2": _fraction(), "train.eps": _above(0), "train.grad_clip": _at_least(0),
+    "train.eval_interval": _at_least(0), "train.eval_batches": _at_least(1), "train.save_interval": _at_least(0),
+    "train.keep_last": _at_least(0), "train.keep_every": _at_least(0), "train.stop_at_step": _at_least(1),
+    "train.max_skipped_steps": _at_least(0), "train.adagrad_initial_accumulator": _at_least(0), "parallel.pipeline_stages": _at_least(1),
+    "parallel.tensor_parallel": _at_least(1), "parallel.gpus_per_node": _at_least(1),
+    "parallel.collective_timeout_s": _above(0), "logging.log_interval": _at_least(1),
+    "eval.tasks_every": _at_least(0), "eval.limit": _above(0), "eval.batch_size": _at_least(1),
+    "eval.timeout_s": _above(0), "eval.num_fewshot": _at_least(0),
+}
+
+
+def check_ranges(cfg: Config) -> None:
+    """Every size, count and rate within what a run can use (``model.n_head=0``, ``data.seq_len=-1``)."""
+    for key, (accepts, what) in RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not accepts(value):
+            raise ConfigError(f"{key}={value} must be {what} ({source_of(cfg, key)})")
+    for tag in cfg.logging.tags:  # W&B's limit, refused here rather than by wandb.init mid-start
+        if not isinstance(tag, str) or not 1 <= len(tag) <= 64:
+            raise ConfigError(f"logging.tags: {str(tag)[:80]!r} must be a string of 1 to 64 characters "
+                              f"({source_of(cfg, 'logging.tags')})")
+
+
+# keys that name files or URLs: read through fsspec, never handed to a shell (webdataset's pipe:)
+LOCATION_KEYS = ("data.source", "data.shards_dir", "data.tokenizer", "train.out_dir", "train.resume",
+                 "train.checkpoint_dir")
+
+
+def check_locations(cfg: Config) -> None:
+    from data_pipeline.remote import check_scheme
+
+    for key in LOCATION_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        try:
+            if value is not None:
+                check_scheme(value, key)
+        except ValueError as err:
+            raise ConfigError(f"{err} ({source_of(cfg, key)})") from None
+    if "://" in cfg.train.out_dir or "::" in cfg.train.out_dir:
+        raise ConfigError(f"train.out_dir={cfg.train.out_dir!r} must be a local or shared-filesystem path (metrics and "
+                          f"logs are appended there; put checkpoints on an object store with train.checkpoint_dir; "
+                          f"{source_of(cfg, 'train.out_dir')})")
+    _check_checkpoint_locations(cfg)
+
+
+def _check_checkpoint_locations(cfg: Config) -> None:
+    """Checkpoints are written to a path or a writable object store, never through a cache chain."""
+    for key in ("train.checkpoint_dir", "train.resume"):
+        value = getattr(cfg.train, key.split(".")[1]) or ""
+        if "::" in value or value.split("://")[0].lower() in ("http", "https", "hf"):
+            raise ConfigError(f"{key}={value!r}: checkpoints need a path or a writable store (s3://, gs://, file://, "
+                              f"...), not a cache chain or a read-only URL ({source_of(cfg, key)})")
+    if cfg.train.deepspeed_checkpoint and "://" in (cfg.train.checkpoint_dir or ""):
+        raise ConfigError(f"train.deepspeed_checkpoint=true writes DeepSpeed's files with local paths; "
+                          f"train.checkpoint_dir={cfg.train.checkpoint_dir!r} is a URL -- use a local or shared "
+                          f"filesystem, or leave train.deepspeed_checkpoint off ({source_of(cfg, 'train.checkpoint_dir')})")
+
+
 def validate(cfg: Config, *, world_size: int = 1) -> None:
     """Raise ``ConfigError`` for the first inconsistent combination of fields."""
+    check_ranges(cfg)
+    check_locations(cfg)
     mc = model_config(cfg)
     def where(key: str) -> str:
         src = source_of(cfg, key)
@@ -61,11 +162,14 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
                           f"({where('data.seq_len')})")
     if getattr(mc, "sparse_window", None) is not None and mc.sparse_window < 1:
         raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
-    trainable = {"gpt": ("clm",), "bert": ("mlm_nsp", "mlm"), "roberta": ("mlm",), "albert": ("sop", "mlm"),
-                 "electra": ("electra",), "t5": ("span_corruption",), "bart": ("denoising",)}
-    if cfg.objective.name not in trainable.get(cfg.model.family, ()):
+    if cfg.objective.name not in OBJECTIVES:
+        raise ConfigError(f"objective.name={cfg.objective.name!r} ({where('objective.name')}) is not an objective; "
+                          f"known: {', '.join(OBJECTIVES)}")
+    trains = family(cfg.model.family).objectives
+    if cfg.objective.name not in trains:
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
-                          f"{cfg.model.family!r}, which trains with {', '.join(trainable.get(cfg.model.family, ()))}")
+                          f"{cfg.model.family!r}, which trains with {', '.join(trains)}")
+    check_segment_layout(cfg, mc)
     t = cfg.train
     for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
         if getattr(t, key) < 1:
@@ -98,6 +202,46 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if p.offload_params and p.zero_stage != 3:
         raise ConfigError(f"parallel.offload_params needs parallel.zero_stage=3 (it is {p.zero_stage}; "
                           f"{where('parallel.offload_params')})")
+    if t.compile and (p.zero_stage == 3 or p.tensor_parallel > 1):
+        raise ConfigError(f"train.compile=true ({where('train.compile')}) runs with ZeRO 0-2 and no tensor parallelism "
+                          f"(got parallel.zero_stage={p.zero_stage}, parallel.tensor_parallel={p.tensor_parallel}): "
+                          f"ZeRO-3's parameter gathering and the tensor-parallel all-reduces run inside each block and "
+                          f"would break its graph; set train.compile=false or change the layout")
+    check_eval(cfg)
+
+
+def check_eval(cfg: Config) -> None:
+    """In-loop lm-eval tasks score the whole live model on each data-parallel rank: no stage or
+    tensor split of it, and no ZeRO-3 (whose forward gathers parameters on every rank at once)."""
+    e, p = cfg.eval, cfg.parallel
+    if bool(e.tasks) != bool(e.tasks_every):
+        raise ConfigError(f"eval.tasks={list(e.tasks)} and eval.tasks_every={e.tasks_every} go together: give both "
+                          f"or neither ({source_of(cfg, 'eval.tasks')}, {source_of(cfg, 'eval.tasks_every')})")
+    if e.tasks and not family(cfg.model.family).next_token_logits:
+        able = [name for name, spec in FAMILIES.items() if spec.next_token_logits]
+        raise ConfigError(f"eval.tasks scores decoder-only language models ({', '.join(able)}); model.family="
+                          f"{cfg.model.family} is not one -- score its checkpoints with glm eval "
+                          f"({source_of(cfg, 'eval.tasks')})")
+    if e.tasks and (p.pipeline_stages > 1 or p.tensor_parallel > 1 or p.zero_stage == 3):
+        raise ConfigError(f"eval.tasks runs on whole models on each data-parallel rank; this run has "
+                          f"parallel.pipeline_stages={p.pipeline_stages}, parallel.tensor_parallel={p.tensor_parallel}, "
+                          f"parallel.zero_stage={p.zero_stage} -- score its checkpoints with glm eval --tasks instead "
+                          f"({source_of(cfg, 'eval.tasks')})")
+
+
+def check_segment_layout(cfg: Config, mc: Any) -> None:
+    """XLNet's paper layout: segments of reuse_len continued tokens then A/B, over memory streams."""
+    reuse, mem, bi = getattr(mc, "reuse_len", 0), getattr(mc, "mem_len", 0), getattr(mc, "bi_data", False)
+    if cfg.objective.plm_layout == "paper":
+        n = seq_len(cfg)
+        if not (mem > 0 and 0 < reuse and n - reuse >= 8 and reuse % 2 == 0 and (n - reuse) % 2 == 0):
+            raise ConfigError(f"objective.plm_layout=paper needs model.mem_len > 0 and an even model.reuse_len with "
+                              f"at least 8 (an even number of) tokens after it in data.seq_len; got mem_len={mem}, "
+                              f"reuse_len={reuse}, seq_len={n} ({source_of(cfg, 'objective.plm_layout')})")
+    if bi and (cfg.objective.plm_layout != "paper" or cfg.train.micro_batch_size % 2):
+        raise ConfigError(f"model.bi_data reads odd streams backwards: it needs objective.plm_layout=paper and an even "
+                          f"train.micro_batch_size (forward rows first), got {cfg.objective.plm_layout} and "
+                          f"{cfg.train.micro_batch_size} ({source_of(cfg, 'model.bi_data')})")
 
 
 def check_parallel_layout(cfg: Config, world_size: int) -> None:
@@ -106,26 +250,68 @@ def check_parallel_layout(cfg: Config, world_size: int) -> None:
 
     p, mc = cfg.parallel, model_config(cfg)
     topo = Topology.for_world(world_size, p.pipeline_stages, p.tensor_parallel)
-    layers = mc.n_layer * (2 if cfg.model.family in ("t5", "bart") else 1)
-    check_layout(topo, n_layer=layers, n_head=mc.n_head, ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model,
-                 vocab=mc.vocab_size, zero_stage=p.zero_stage, gpus_per_node=p.gpus_per_node,
-                 offload_params=p.offload_params)
+    spec = family(cfg.model.family)
+    check_family_layout(cfg, spec, topo)  # what the family cannot split, named, before any size check
+    check_layout(topo, n_layer=mc.n_layer * spec.stacks, n_head=getattr(mc, "n_head", 1),
+                 ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model, vocab=mc.vocab_size, zero_stage=p.zero_stage,
+                 gpus_per_node=p.gpus_per_node, offload_params=p.offload_params)
+
+
+def check_family_layout(cfg: Config, spec, topo) -> None:
+    mc = model_config(cfg)
     if topo.pipeline > 1:
-        pipelined = {"gpt": ("clm",), "bert": ("mlm",), "roberta": ("mlm",)}
+        pipelined = {name: f.pipeline.objectives for name, f in FAMILIES.items() if f.pipeline}
         if cfg.objective.name not in pipelined.get(cfg.model.family, ()):
             raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={topo.pipeline}) runs "
                               + ", ".join(f"{f} ({'/'.join(o)})" for f, o in pipelined.items())
                               + f", not {cfg.model.family} ({cfg.objective.name}); use ZeRO-3 data parallelism for it")
-        if cfg.model.family != "gpt" and (getattr(mc, "share", "none") != "none" or mc.emb != mc.d_model):
-            raise ConfigError("pipeline parallelism needs unshared, unfactorised encoder layers "
-                              "(not ALBERT-style sharing or a factorised embedding)")
+        refusal = spec.pipeline.refuse(mc)
+        if refusal:
+            raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={topo.pipeline}): {refusal}")
     if topo.tensor > 1:
-        from glm_dist.parallel.tensor import TENSOR_PARALLEL_FAMILIES
-
-        if cfg.model.family not in TENSOR_PARALLEL_FAMILIES:
+        splits = [name for name, f in FAMILIES.items() if f.tensor_parallel]
+        if not spec.tensor_parallel:
             raise ConfigError(f"tensor parallelism (parallel.tensor_parallel={topo.tensor}) splits the "
-                              f"{', '.join(TENSOR_PARALLEL_FAMILIES)} families, not {cfg.model.family}; use data "
+                              f"{', '.join(splits)} families, not {cfg.model.family}; use data "
                               f"parallelism with ZeRO-3 for it")
         if cfg.train.optimizer == "adafactor":
             raise ConfigError("train.optimizer=adafactor keeps factored moments that do not split with tensor "
                               "parallelism; use adamw or lamb, or parallel.tensor_parallel=1")
+    if cfg.parallel.sequence_parallel:
+        check_sequence_parallel(cfg, spec, topo)
+    if cfg.train.init == "local":
+        check_local_init(cfg, spec, topo)
+
+
+def check_local_init(cfg: Config, spec, topo) -> None:
+    """train.init=local draws each parameter by GPT-2's / BERT's rule (parallel/init.py)."""
+    where = source_of(cfg, "train.init")
+    if not spec.local_init:
+        able = [name for name, f in FAMILIES.items() if f.local_init]
+        raise ConfigError(f"train.init=local ({where}) draws the weights of the {', '.join(able)} families by their "
+                          f"N(0, 0.02) rule, not {cfg.model.family}'s; use train.init=whole")
+    if cfg.train.init_from:
+        raise ConfigError(f"train.init=local ({where}) draws new weights, train.init_from loads "
+                          f"{cfg.train.init_from}'s: give one")
+    if topo.pipeline == 1 and topo.tensor > 1 and cfg.parallel.zero_stage == 3:
+        raise ConfigError(f"train.init=local ({where}) with ZeRO-3 builds the model partitioned over the data ranks, "
+                          f"which tensor slicing (parallel.tensor_parallel={topo.tensor}) cannot cut afterwards; use "
+                          f"ZeRO-1/2 with tensor parallelism, or train.init=whole")
+
+
+def check_sequence_parallel(cfg: Config, spec, topo) -> None:
+    """Sequence parallelism cuts a tensor-parallel group's residual stream along the sequence."""
+    where = source_of(cfg, "parallel.sequence_parallel")
+    if topo.tensor == 1:
+        raise ConfigError(f"parallel.sequence_parallel=true ({where}) splits the sequence inside a tensor-parallel "
+                          f"group: set parallel.tensor_parallel > 1, or leave sequence_parallel off")
+    if not spec.sequence_parallel:
+        cut = [name for name, f in FAMILIES.items() if f.sequence_parallel]
+        raise ConfigError(f"parallel.sequence_parallel=true ({where}) cuts the {', '.join(cut)} families, not "
+                          f"{cfg.model.family}; leave it off for {cfg.model.family}")
+    if topo.pipeline > 1:
+        raise ConfigError(f"parallel.sequence_parallel=true ({where}) runs without pipeline stages "
+                          f"(parallel.pipeline_stages={topo.pipeline}); use one or the other")
+    if seq_len(cfg) % topo.tensor:
+        raise ConfigError(f"parallel.sequence_parallel=true ({where}) cuts data.seq_len={seq_len(cfg)} into "
+                          f"parallel.tensor_parallel={topo.tensor} equal pieces; use a multiple of {topo.tensor}")

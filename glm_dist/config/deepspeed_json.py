@@ -4,15 +4,27 @@ from __future__ import annotations
 from glm_dist.config.schema import Config
 
 
-def deepspeed_config(cfg: Config, *, dp_size: int = 1) -> dict:
+def deepspeed_config(cfg: Config, *, dp_size: int = 1, cuda: bool | None = None) -> dict:
+    """The DeepSpeed JSON for ``cfg`` on ``dp_size`` data-parallel ranks. ``cuda``: whether the run's
+    accelerator is CUDA (None: whether torch sees a GPU here, so ``glm config show --deepspeed`` prints
+    what this machine would run)."""
     t, p = cfg.train, cfg.parallel
+    if cuda is None:
+        import torch  # is_available() does not create a CUDA context
+
+        cuda = torch.cuda.is_available()
     zero: dict = {"stage": p.zero_stage}
     if p.zero_stage >= 1:
-        zero.update(overlap_comm=False, contiguous_gradients=True)
+        # ZeRO-2/3 reduce-scatter each gradient bucket on a side stream while the backward goes on
+        # (two bucket buffers instead of one). ZeRO-1 keeps it off: bf16 + ZeRO-1 runs BF16_Optimizer,
+        # which does not use it, and fp32 + ZeRO-1 with it is untested here.
+        zero.update(overlap_comm=p.zero_stage >= 2, contiguous_gradients=True)
+    # Offloaded tensors live in pinned host memory on CUDA, so the copies to and from the GPU run
+    # asynchronously at full PCIe speed; with the CPU as the accelerator there is no copy to speed up.
     if p.offload_optimizer:  # ZeRO-Offload: fp32 master weights and moments on the CPU
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cuda}
     if p.offload_params:  # ZeRO-Infinity (stage 3): the parameter partitions on the CPU as well
-        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
     extra = {}
     if t.precision == "bf16" and p.zero_stage == 1:
         # Accumulate micro-batch gradients in fp32 (DeepSpeed's BF16_Optimizer, which shards the

@@ -29,30 +29,56 @@ class ModelConfig:
     dropout: float = _f(0.0, "dropout on embeddings, attention output and MLP output")
     sparse_window: Optional[int] = _f(
         None, "GPT-3 sparse option: odd layers attend to a local causal band of this many tokens")
+    mem_len: Optional[int] = _f(None, "XLNet / Transformer-XL: hidden states kept per layer for the next segment "
+                                      "(0: none; the flavor's by default)")
+    reuse_len: Optional[int] = _f(None, "XLNet: only a segment's first reuse_len positions enter the memory (0: all)")
+    bi_data: Optional[bool] = _f(None, "XLNet: half the batch reads the text backwards (relative distances negated)")
+    tags: Optional[list] = _f(None, "CVT: tags per task, one prediction module each (the tagging shard set's tasks, "
+                                    "in order)")
+    unlabelled_dropout: Optional[float] = _f(None, "CVT: dropout of the auxiliary modules' encoder pass on unlabelled "
+                                                   "minibatches (model.dropout is the labelled one's)")
 
 
 @dataclass
 class DataConfig:
     source: str = _f("embedded", "'embedded' (pydoc text of the stdlib) or a JSONL/text path or glob")
     text_field: str = _f("text", "JSONL field holding the document text")
+    max_record_mb: float = _f(10.0, "a JSON line or text file larger than this is skipped and counted "
+                                    "(manifest source.skipped.record_too_large), never buffered whole")
     shards_dir: str = _f("data/embedded-gpt2", "where the tokenizer, shards and manifest.json live")
     tokenizer: str = _f("train", "'train' a tokenizer of data.tokenizer_profile on the source, or a tokenizer.json path")
-    tokenizer_profile: str = _f("gpt2", "gpt2 | roberta (also BART) | bert (also ELECTRA) | albert | t5 | xlnet: "
-                                        "the kind (byte BPE / WordPiece / Unigram) and special tokens")
+    tokenizer_profile: str = _f("gpt2", "gpt2 | roberta (also BART) | bert (also ELECTRA) | albert | t5 | xlnet | "
+                                        "word (GloVe, ELMo): the kind (byte BPE / WordPiece / Unigram / WordLevel) "
+                                        "and special tokens")
     vocab_size: int = _f(8192, "vocabulary size when training the tokenizer")
     val_per_mille: int = _f(50, "documents held out for validation, per thousand (by document hash)")
     seq_len: Optional[int] = _f(None, "training sequence length (default: model context length)")
     shard_max_bytes: int = _f(64 * 2**20, "approximate size of one shard")
     encode_workers: int = _f(0, "local processes encoding input files in parallel (0: one per core)")
-    shuffle_window: int = _f(4, "shuffle buffer: documents of this many shards are shuffled together")
+    shuffle_window: int = _f(4, "documents of this many shards (shards permuted per epoch) are pooled and permuted "
+                                "before packing: which documents share a packed unit; the units are then "
+                                "shuffled over the whole epoch")
     num_workers: int = _f(0, "dataloader worker processes building batches ahead (0: in the training process)")
+    cache_dir: str = _f("", "node-local folder: a block cache of remote shards' byte ranges (fsspec blockcache) and "
+                            "the document table when data.shards_dir is not a writable path ('': none)")
+    read_gap_bytes: int = _f(0, "byte ranges of one shard closer than this are read in one request (0: only "
+                                "touching ranges; more trades bytes for fewer requests on high-latency stores)")
+    read_retries: int = _f(3, "a failed range read is retried this many times with exponential backoff, then its "
+                              "documents are skipped (filled with padding) and counted")
+    read_backoff_s: float = _f(0.5, "the wait before the first retry of a range read (doubled each time)")
+    cooccur_window: int = _f(10, "GloVe (glm data cooccur): context words counted on each side, weighted 1/distance")
+    cooccur_blocks: int = _f(4, "GloVe (glm data cooccur): reduce tasks (word id mod blocks)")
+    vectors: str = _f("", "translation pair sets (CoVe): GloVe text vectors (glm data vectors) whose words, at most "
+                          "data.vocab_size with the specials, are the source vocabulary and whose vectors are the "
+                          "encoder's frozen inputs")
+    target_vocab_size: int = _f(8192, "translation pair sets (CoVe): the target-side tokenizer's vocabulary size")
 
 
 @dataclass
 class ObjectiveConfig:
-    name: Literal["clm", "mlm", "mlm_nsp", "sop", "span_corruption", "denoising", "electra", "plm"] = _f(
-        "clm", "clm (GPT) | mlm (RoBERTa) | mlm_nsp (BERT) | sop (ALBERT) | span_corruption (T5) | "
-               "denoising (BART) | electra | plm (XLNet)")
+    name: str = _f("clm", "the objective (objectives/registry.py): clm (GPT) | mlm (RoBERTa) | mlm_nsp (BERT) | "
+                          "sop (ALBERT) | span_corruption (T5) | denoising (BART) | electra | plm (XLNet) | "
+                          "glove (co-occurrence counts) | bilm (ELMo) | translation (CoVe) | awd_lm (AWD-LSTM)")
     mask_rate: float = _f(0.15, "MLM / ELECTRA: fraction of tokens selected for prediction")
     mask_frac: float = _f(0.8, "MLM: of the selected, fraction replaced by the mask token")
     random_frac: float = _f(0.1, "MLM: of the selected, fraction replaced by a random token")
@@ -64,6 +90,12 @@ class ObjectiveConfig:
     poisson_lambda: float = _f(3.0, "BART: mean span length of text infilling")
     permute_sentences: bool = _f(True, "BART: permute all sentences")
     random_ratio: float = _f(0.0, "BART: fraction of mask tokens replaced by random tokens")
+    cvt_unlabelled: bool = _f(True, "CVT: alternate labelled and unlabelled minibatches (false: labelled only, the "
+                                    "supervised baseline)")
+    plm_layout: Literal["collator", "paper"] = _f(
+        "collator", "XLNet: 'collator' = one permuted block per row (transformers' collator); 'paper' = the "
+                    "paper's segments (model.reuse_len continued tokens, then A <sep> B <sep> <cls>, parts "
+                    "permuted separately; needs model.mem_len and model.reuse_len)")
 
 
 @dataclass
@@ -78,10 +110,20 @@ class TrainConfig:
     lr: float = _f(6e-4, "peak learning rate")
     min_lr_ratio: float = _f(0.1, "final LR as a fraction of the peak")
     warmup_steps: int = _f(30, "linear warmup steps")
-    schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = _f(
-        "cosine", "decay after warmup; inverse_sqrt (T5): lr / sqrt(max(step, warmup_steps)), constant during warmup")
-    optimizer: Literal["adamw", "lamb", "adafactor"] = _f(
-        "adamw", "adamw (fused) | lamb (ALBERT's recipe) | adafactor (T5's recipe, torch.optim.Adafactor)")
+    schedule: Literal["cosine", "linear", "constant", "inverse_sqrt", "stlr"] = _f(
+        "cosine", "decay after warmup; inverse_sqrt (T5): lr / sqrt(max(step, warmup_steps)), constant during warmup; "
+                  "stlr (ULMFiT): slanted triangular over max_steps (train.stlr_cut_frac, train.stlr_ratio; no warmup_steps)")
+    stlr_cut_frac: float = _f(0.1, "stlr: the fraction of max_steps the rate rises for")
+    stlr_ratio: float = _f(32.0, "stlr: how much smaller the lowest rate is than the peak")
+    discriminative_lr: float = _f(0.0, "ULMFiT's discriminative fine-tuning: each layer group below the top learns at the "
+                                       "rate of the group above / this factor (2.6; 0: one rate for all)")
+    init_from: Optional[str] = _f(None, "start from this checkpoint's weights (same family and tokenizer) with a new "
+                                        "optimizer, schedule and data position: fine-tuning an LM on a target "
+                                        "task's text (ULMFiT's second stage); train.resume still continues this run")
+    optimizer: Literal["adamw", "lamb", "adafactor", "adagrad"] = _f(
+        "adamw", "adamw (fused) | lamb (ALBERT's recipe) | adafactor (T5's recipe, torch.optim.Adafactor) | "
+                 "adagrad (GloVe's and ELMo's recipes; element-wise, so any ZeRO stage)")
+    adagrad_initial_accumulator: float = _f(0.0, "adagrad: starting sum of squared gradients (bilm-tf: 1.0)")
     weight_decay: float = _f(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")
@@ -90,23 +132,35 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "bf16-autocast"] = _f(
         "fp32", "fp32; bf16 = DeepSpeed bf16 (bf16 weights, fp32 master); bf16-autocast = torch.autocast")
     activation_checkpointing: bool = _f(False, "recompute each block in the backward pass")
+    compile: bool = _f(False, "torch.compile each transformer block in place (regional compilation, "
+                       "parallel/compile.py); with activation checkpointing, ZeRO 0-2 and pipelines, "
+                       "not ZeRO-3 or tensor parallelism")
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = _f(
+        "inductor", "train.compile's backend: inductor (generated kernels) | aot_eager | eager (graph capture "
+                    "only, no code generation: quick checks)")
     eval_interval: int = _f(100, "validate every N steps (0: only before and after)")
     eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
     save_interval: int = _f(0, "checkpoint every N steps (0: only at the end)")
     keep_last: int = _f(3, "keep the newest N checkpoints (older ones are deleted after a save)")
     init: Literal["whole", "local"] = _f(
         "whole", "'whole': every rank builds the whole model from the seed and keeps its part (pipelined runs "
-        "start exactly as one process); 'local': a pipeline stage builds and initialises only its own layers, "
-        "each parameter from its own seeded generator (sizes whose whole model does not fit a host)")
-    universal_checkpoint: bool = _f(True, "also save each checkpoint in universal form (whole fp32 weights and "
-                                    "optimizer moments per parameter, +12 bytes/param on disk) so it resumes on any layout")
+        "start exactly as one process); 'local': each parameter drawn from its own seeded generator, the same at "
+        "every layout -- a pipeline stage builds only its own layers, ZeRO-3 builds the model partitioned "
+        "(deepspeed.zero.Init) -- for sizes whose whole model does not fit a host")
+    checkpoint_dir: Optional[str] = _f(
+        None, "where checkpoints go: a path or an fsspec URL (s3://bucket/prefix, gs://...); default out_dir/checkpoints")
+    deepspeed_checkpoint: bool = _f(False, "also write DeepSpeed's own checkpoint files (state/) beside the sharded "
+                                    "format (a local checkpoint_dir only; resume always reads the sharded format)")
     keep_every: int = _f(0, "also keep every checkpoint whose step is a multiple of M (0: none)")
     stop_signals: list = _f(["SIGUSR1", "SIGTERM"], "on these signals: finish the step, checkpoint, "
                             "exit 75 (SLURM's --signal / preemption; slurm/train.sbatch requeues)")
     stop_at_step: Optional[int] = _f(
         None, "checkpoint and exit once this step is reached (the schedule still runs to max_steps); "
               "for jobs cut into time slots -- rerun the same command to continue")
-    resume: str = _f("auto", "'auto' (latest checkpoint in out_dir), 'none', or a checkpoint dir")
+    resume: str = _f("auto", "'auto' (the latest checkpoint in out_dir that verifies), 'none', or a checkpoint dir")
+    resume_overwrite: bool = _f(False, "resuming from an older step than out_dir's newest checkpoint moves the newer "
+                                "ones to checkpoints/aside/ (without this the run is refused: a later auto-resume "
+                                "would continue the old run)")
     max_skipped_steps: int = _f(10, "stop after this many steps with a non-finite loss")
     plot: bool = _f(True, "write loss_curve.png in out_dir at the end")
 
@@ -120,7 +174,15 @@ class ParallelConfig:
     pipeline_partition: Literal["blocks", "parameters"] = _f(
         "blocks", "cut stages at equal numbers of transformer blocks, or at balanced parameter counts")
     tensor_parallel: int = _f(1, "tensor-parallel size (attention heads and FFN width split across ranks)")
+    vocab_parallel: bool = _f(True, "under tensor parallelism, split the token embedding, its tied output layer and "
+                              "the loss over the vocabulary too (families that support it; false: keep them whole "
+                              "on every tensor rank)")
+    sequence_parallel: bool = _f(False, "under tensor parallelism, cut the LayerNorm / dropout / residual regions "
+                                 "along the sequence (Korthikanti et al. 2022): activations there 1/tensor_parallel "
+                                 "per rank, all-gather + reduce-scatter instead of all-reduce")
     gpus_per_node: Optional[int] = _f(None, "for layout checks and glm plan: ranks per node (tensor parallelism stays inside a node)")
+    collective_timeout_s: float = _f(1800.0, "a collective that some rank does not join within this many seconds "
+                                     "stops the run, naming the missing ranks (gloo; NCCL's watchdog aborts)")
 
 
 @dataclass
@@ -138,6 +200,20 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    tasks: list = _f([], "lm-eval tasks scored on the live model during glm train: task names (with "
+                         "eval.include_path for the offline ones) or task YAML paths")
+    tasks_every: int = _f(0, "score eval.tasks every N optimizer steps (0: never); train.eval_interval stays the "
+                             "validation loss")
+    num_fewshot: Optional[int] = _f(None, "examples in each prompt (default: each task's own, usually 0)")
+    limit: Optional[float] = _f(None, "documents per task (a fraction if < 1; default: all)")
+    include_path: Optional[str] = _f(None, "a folder of task YAMLs (glm data eval-tasks --out DIR)")
+    batch_size: int = _f(8, "requests per forward pass")
+    timeout_s: float = _f(600.0, "ranks wait at most this long for each other after an evaluation (ranks with no "
+                                 "documents wait there from the start); then the run stops naming the missing ranks")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -145,3 +221,4 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)

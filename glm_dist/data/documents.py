@@ -1,96 +1,95 @@
-"""A deterministic, resumable stream of tokenized documents over epochs.
+"""The deterministic order of a split's documents in each epoch, computed from the document table.
 
 Order: the shards are permuted by (seed, epoch) and taken ``window`` at a time; the documents of
-the shards in a window are pooled and permuted by (seed, epoch, the window's shards) -- a shuffle
-buffer of ``window`` shards. Every rank computes the same global stream, so a position in it
-(epoch, window position, document position) means the same thing at any world size -- the basis
-of exact and elastic resume.
+the shards in a window are pooled and permuted by (seed, epoch, the window's shards) -- the order
+the streaming loader had, so objectives pack the same units. Nothing here reads a shard: a window's
+documents and their lengths come from the table, computed when first asked for and kept for a
+while. An epoch is also a *stream* of positions: each document contributes its tokens plus
+``extra`` positions (a separator), so position p of epoch e names one document and one token of
+it -- what the packing plans (data/plan.py) address units by.
 """
 from __future__ import annotations
 
-import logging
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from functools import lru_cache
+from typing import Iterator
 
 import numpy as np
 
-from glm_dist.data.shards import Doc, read_shard
+from glm_dist.data.index import DocTable
 
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class StreamPosition:
-    epoch: int = 0
-    window_pos: int = 0  # index of the current window of shards in this epoch's shard permutation
-    doc_pos: int = 0  # index into the current window's document permutation
+WINDOW_CACHE = 256  # windows whose document order and cumulative lengths are kept
 
 
-@dataclass
-class DocumentStream:
-    urls: list[str]
-    seed: int
-    shuffle: bool = True
-    window: int = 1  # shards whose documents are shuffled together
-    sizes: list[int] | None = None  # documents per shard (manifest): a shorter shard is corrupt
-    reader: Callable[..., list[Doc]] = read_shard
-    position: StreamPosition = field(default_factory=StreamPosition)
-    skipped: Counter = field(default_factory=Counter)
+class DocumentOrder:
+    def __init__(self, table: DocTable, *, seed: int, shuffle: bool = True, window: int = 1):
+        self.table, self.seed, self.shuffle, self.window = table, seed, shuffle, window
+        usable = table.usable
+        counts = np.diff(table.shard_start)
+        self.shard_docs = np.where(usable, counts, 0)
+        self.shard_tokens = np.where(usable, table.shard_tokens, 0)
+        self.window_docs = lru_cache(maxsize=WINDOW_CACHE)(self._window_docs)
+        self.window_cum = lru_cache(maxsize=WINDOW_CACHE)(self._window_cum)
+        self.window_sizes = lru_cache(maxsize=8)(self._window_sizes)
+        self.windows = lru_cache(maxsize=4)(self._windows)
+
+    @property
+    def num_docs(self) -> int:
+        return int(self.shard_docs.sum())
+
+    def tokens(self, extra: int = 0) -> int:
+        """Positions in one epoch: every usable document's tokens plus ``extra`` each."""
+        return int(self.shard_tokens.sum()) + extra * self.num_docs
 
     def shard_order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
-            return np.arange(len(self.urls))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.urls))
+            return np.arange(self.table.num_shards)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.table.num_shards)
 
-    def windows(self, epoch: int) -> list[list[int]]:
+    def _windows(self, epoch: int) -> tuple[tuple[int, ...], ...]:
         order = [int(i) for i in self.shard_order(epoch)]
-        return [order[i:i + self.window] for i in range(0, len(order), self.window)]
+        return tuple(tuple(order[i:i + self.window]) for i in range(0, len(order), self.window))
 
-    def doc_order(self, epoch: int, shards: list[int], num_docs: int) -> np.ndarray:
+    def doc_order(self, epoch: int, shards: tuple[int, ...], num_docs: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(num_docs)
         return np.random.default_rng([self.seed, epoch, *shards]).permutation(num_docs)
 
-    def __iter__(self) -> Iterator[Doc]:
-        """Yield documents forever; ``position`` always names the next document to yield."""
-        while True:
-            pos = self.position
-            whole_epoch = pos.window_pos == 0 and pos.doc_pos == 0
-            windows = self.windows(pos.epoch)
-            yielded = False
-            while pos.window_pos < len(windows):
-                shards = windows[pos.window_pos]
-                docs = [doc for shard in shards for doc in self._read(shard)]
-                perm = self.doc_order(pos.epoch, shards, len(docs))
-                while pos.doc_pos < len(perm):
-                    doc = docs[perm[pos.doc_pos]]
-                    pos.doc_pos += 1
-                    yielded = True
-                    yield doc
-                pos.window_pos, pos.doc_pos = pos.window_pos + 1, 0
-            pos.epoch, pos.window_pos, pos.doc_pos = pos.epoch + 1, 0, 0
-            if whole_epoch and not yielded:
-                raise RuntimeError(f"no readable document in any of {len(self.urls)} shards "
-                                   f"(skipped: {dict(self.skipped)})")
+    def _window_docs(self, epoch: int, w: int) -> np.ndarray:
+        """Global ids of window ``w``'s documents in their epoch order."""
+        shards = self.windows(epoch)[w]
+        start = self.table.shard_start
+        docs = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.arange(start[s], start[s] + self.shard_docs[s])
+                                                               for s in shards])
+        return docs[self.doc_order(epoch, shards, len(docs))]
 
-    def _read(self, shard: int) -> list[Doc]:
-        try:
-            return self.reader(self.urls[shard], None if self.sizes is None else self.sizes[shard])
-        except OSError as err:
-            # Every rank reads the same shard and skips it the same way: counts stay equal.
-            self.skipped[f"unreadable_shard:{self.urls[shard]}"] += 1
-            log.warning("skipping %s", err)
-            return []
+    def _window_cum(self, epoch: int, w: int, extra: int) -> np.ndarray:
+        """(docs + 1,) position of each of window ``w``'s documents within the window."""
+        lengths = np.asarray(self.table.num_tokens[self.window_docs(epoch, w)], dtype=np.int64) + extra
+        return np.concatenate([[0], np.cumsum(lengths)])
 
-    def state_dict(self) -> dict:
-        return {"epoch": self.position.epoch, "window_pos": self.position.window_pos, "doc_pos": self.position.doc_pos,
-                "seed": self.seed, "num_shards": len(self.urls), "window": self.window}
+    def _window_sizes(self, epoch: int, extra: int) -> np.ndarray:
+        """(windows + 1,) position where each window starts in the epoch."""
+        per_window = [sum(int(self.shard_tokens[s]) + extra * int(self.shard_docs[s]) for s in shards)
+                      for shards in self.windows(epoch)]
+        return np.concatenate([[0], np.cumsum(per_window, dtype=np.int64)])
 
-    def load_state_dict(self, state: dict) -> None:
-        saved = (state["seed"], state["num_shards"], state["window"])
-        if saved != (self.seed, len(self.urls), self.window):
-            raise ValueError(f"data position was saved for seed {saved[0]} over {saved[1]} shards with a shuffle "
-                             f"window of {saved[2]}; this run has seed {self.seed} over {len(self.urls)} shards "
-                             f"with a window of {self.window} -- resume with the same data, seed and window")
-        self.position = StreamPosition(state["epoch"], state["window_pos"], state["doc_pos"])
+    def slices(self, epoch: int, start: int, stop: int, extra: int = 0) -> Iterator[tuple[int, int, int]]:
+        """(document, first, end) covering positions [start, stop) of the epoch, where a document
+        spans ``num_tokens + extra`` positions (``end`` past its tokens: the separator)."""
+        bounds = self.window_sizes(epoch, extra)
+        w = int(np.searchsorted(bounds, start, side="right")) - 1
+        while w < len(bounds) - 1 and bounds[w] < stop:
+            cum, docs = self.window_cum(epoch, w, extra), self.window_docs(epoch, w)
+            lo, hi = max(start - bounds[w], 0), min(stop - bounds[w], cum[-1])
+            i = int(np.searchsorted(cum, lo, side="right")) - 1
+            while i < len(docs) and cum[i] < hi:
+                first, end = int(max(lo - cum[i], 0)), int(min(hi - cum[i], cum[i + 1] - cum[i]))
+                if end > first:  # empty documents span no position
+                    yield int(docs[i]), first, end
+                i += 1
+            w += 1
+
+    def docs(self, epoch: int) -> Iterator[int]:
+        """Every usable document of the epoch, in order."""
+        for w in range(len(self.windows(epoch))):
+            yield from (int(d) for d in self.window_docs(epoch, w))

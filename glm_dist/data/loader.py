@@ -1,118 +1,272 @@
-"""The training loader: a global stream of samples, sliced by data-parallel rank.
+"""The training loader: each rank builds only its own samples of the global batch (ARCHITECTURE.md
+decisions 5 and 12).
 
-Every rank builds the same global batch of ``micro_batch_size * grad_accum_steps * dp_size`` units
-per optimizer step (packing is cheap) and noises only its own slices. So all ranks see the same
-number of batches, the global batch does not depend on the world size (1 and N processes train on
-the same data), and the saved state -- document position, the objective's builder state, the
-sample counter -- means the same at any world size: exact resume, and elastic resume at another
-data-parallel size.
+The global order is a *sample index* (data/plan.py), computed from the shards' index files
+(data/index.py) without reading a shard: global sample g is unit u of epoch e, and unit u packs
+these pieces of these documents. Step s holds samples [s·B, (s + 1)·B) of the global batch B =
+``micro_batch_size * grad_accum_steps * dp_size``; rank r keeps its micro-batch slices and reads,
+by byte range, only the document pieces they pack (data/reader.py). The global batch does not depend
+on the data-parallel size, every rank gets the same number of batches, and the saved position (the
+sample counter) means the same at any world size: exact resume, and elastic resume at another
+data-parallel size (also with another global batch, each sample of the epoch seen once). With
+``streams`` (XLNet's memory) row b of every step is the next unit of stream b.
 
-Noise (masks, spans, permutations) is drawn from ``default_rng([seed, objective, epoch, sample])``:
+Noise (masks, spans, permutations) is drawn from ``default_rng([seed, salt, 1, epoch, sample])``:
 new masks every epoch, the same masks after a resume.
 """
 from __future__ import annotations
 
-from typing import Iterator
+import dataclasses
+import hashlib
+import inspect
+import json
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.vocab_tables import word_start_table
-from glm_dist.data.documents import DocumentStream
-from glm_dist.data.shards import read_manifest, shard_sizes, shard_urls
-from glm_dist.objectives.registry import (SALT, VARIABLE_LENGTH, ObjectiveOptions, UnitSource, Vocab, collate,
-                                          make_sample)
+from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
+from glm_dist.config.schema import ObjectiveConfig
+from glm_dist.data.documents import DocumentOrder
+from glm_dist.data.index import DocTable, cache_root, load_doc_table
+from glm_dist.data.plan import ADDRESS, BuiltPlan, Located, PackedPlan, SampleIndex, StreamIndex, rebuild, unit_arrays
+from glm_dist.data.plan_cache import PlanCache
+from glm_dist.data.reader import RangeReader, ReadStats, empty_store, intervals
+from glm_dist.data.shards import ShardSetError, open_shard_file, read_manifest, shard_urls
+from glm_dist.objectives.base import Vocab
+from glm_dist.objectives.clm import TokenPacker
+from glm_dist.objectives.registry import ObjectiveOptions, collate, get_objective
+
+DEFAULT_OBJECTIVE = ObjectiveConfig().name  # the config's default
+STATE_FORMAT = "glm-dist/sample-index/v1"
+
+
+def read_tokenizer(shards_dir: str, manifest: dict) -> Tokenizer:
+    """The shard set's tokenizer (a local path or any allowed URL)."""
+    with open_shard_file(f"{shards_dir}/{manifest['tokenizer']['file']}") as f:
+        return Tokenizer.from_str(f.read(MAX_TOKENIZER_BYTES).decode("utf-8"))
 
 
 def vocab_from_manifest(shards_dir: str, manifest: dict, *, whole_word: bool = False) -> Vocab:
     t = manifest["tokenizer"]
     ids = t.get("special_ids") or {"eot": t["eot_id"], "all_specials": [t["eot_id"]]}
-    word_starts = None
-    if whole_word:
-        import fsspec
-
-        with fsspec.open(f"{shards_dir}/{t['file']}", "r") as f:
-            word_starts = word_start_table(Tokenizer.from_str(f.read()))
+    word_starts = word_start_table(read_tokenizer(shards_dir, manifest)) if whole_word else None
     return Vocab(size=t["vocab_size"], ids=ids, word_starts=word_starts)
 
 
 class Loader:
-    def __init__(self, shards_dir: str, *, objective: str = "clm", split: str = "train", seq_len: int,
+    def __init__(self, shards_dir: str, *, objective: str = DEFAULT_OBJECTIVE, split: str = "train", seq_len: int,
                  micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
-                 shuffle: bool = True, shuffle_window: int = 1, options: ObjectiveOptions | None = None):
-        manifest = read_manifest(shards_dir)
-        self.objective, self.seed = objective, seed
+                 shuffle: bool = True, shuffle_window: int = 1, options: ObjectiveOptions | None = None,
+                 streams: bool = False, cache_dir: str = "", read_gap_bytes: int = 0, read_retries: int = 3,
+                 read_backoff_s: float = 0.5, reads: bool = True):
+        """``reads=False``: a rank that needs no batch (a middle pipeline stage) reads nothing; its
+        batches have the right shapes, filled with the pad token."""
+        self.root, self.split, self.manifest = shards_dir, split, read_manifest(shards_dir)
+        self.num_shards = len(shard_urls(shards_dir, self.manifest, split))
+        self.objective, self.seed, self.seq_len = get_objective(objective), seed, seq_len
         self.micro, self.accum = micro_batch_size, grad_accum_steps
         self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.shuffle, self.window, self.streams, self.reads = shuffle, shuffle_window, streams, reads
         self.options = options or ObjectiveOptions()
-        self.vocab = vocab_from_manifest(shards_dir, manifest, whole_word=self.options.masking.whole_word)
+        self.vocab = vocab_from_manifest(shards_dir, self.manifest, whole_word=self.options.masking.whole_word)
         self.pad_id = self.vocab.ids.get("pad") if self.vocab.ids.get("pad") is not None else self.vocab.ids["eot"]
-        self.stream = DocumentStream(shard_urls(shards_dir, manifest, split), seed=seed, shuffle=shuffle,
-                                     window=shuffle_window, sizes=shard_sizes(manifest, split))
-        self.source = UnitSource(objective, seq_len=seq_len, vocab=self.vocab, opts=self.options)
-        self.width = seq_len if objective in VARIABLE_LENGTH else None
+        self.width = seq_len if self.objective.padded else None
+        self._plain_id = min(set(range(len(self.vocab.specials) + 1)) - set(self.vocab.specials.tolist()))
+        self.read_options = dict(gap_bytes=read_gap_bytes, retries=read_retries, backoff_s=read_backoff_s,
+                                 cache_dir=cache_dir)
         self.steps = 0
-        self.samples = 0  # units emitted so far: the sample number of the next one
-        self._units: Iterator | None = None
+        self.samples = 0  # the global sample number of the next step's first sample
+        self.last_samples: list[tuple[int, int, int]] = []  # (sample, epoch, unit) of this rank's rows, last step
+        self._skipped_shards: Counter = Counter()
+        self._index: SampleIndex | StreamIndex | None = None
+        self._reader: RangeReader | None = None
 
     @property
     def global_batch_size(self) -> int:
         return self.micro * self.accum * self.dp_size
 
+    @property
+    def num_streams(self) -> int:
+        return self.global_batch_size if self.streams else 1
+
     def _rng(self, epoch: int, sample: int, stage: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, SALT[self.objective], stage, epoch, sample])
+        return np.random.default_rng([self.seed, self.objective.salt, stage, epoch, sample])
+
+    def _builders(self) -> list:
+        return [self.objective.builder(seq_len=self.seq_len, vocab=self.vocab, opts=self.options, stream=i)
+                for i in range(self.num_streams)]
+
+    def _setup(self) -> SampleIndex | StreamIndex:
+        """The sample index and the reader, made at the first use (no shard is read)."""
+        if self._index is not None:
+            return self._index
+        table = load_doc_table(self.root, self.manifest, self.split, cache_dir=self.read_options["cache_dir"])
+        for shard in table.problems:
+            self._skipped_shards[f"unreadable_shard:{table.url(shard)}"] += 1
+        order = DocumentOrder(table, seed=self.seed, shuffle=self.shuffle, window=self.window)
+        if order.num_docs == 0:
+            reasons = list(table.problems.values())
+            shown = "; ".join(reasons[:3]) + (f"; ... {len(reasons) - 3} more" if len(reasons) > 3 else "")
+            raise ShardSetError(f"no readable document in any of the {table.num_shards} shards ({len(reasons)} "
+                                f"skipped: {shown}); rebuild them with glm data tokenize or point data.shards_dir "
+                                f"at a good set")
+        self.objective.check_documents(table.dtype)
+        first = self._builders()[0]
+        if type(first) is TokenPacker and not self.streams:  # closed form: any corpus size at once
+            plan = PackedPlan(order, block=first.block_len, stride=first.stride, sep=first.sep)
+        else:
+            plan = BuiltPlan(order, self._builders, lambda e: (lambda k: self._rng(e, k, 0)), seed=self.seed,
+                             shuffle=self.shuffle, cache=self._plan_cache(table, first))
+        self._plan = plan
+        self._index = StreamIndex(plan) if self.streams else SampleIndex(plan, seed=self.seed, shuffle=self.shuffle)
+        self._reader = RangeReader(table, **self.read_options)
+        return self._index
+
+    def _plan_cache(self, table: DocTable, builder) -> PlanCache | None:
+        """Where this run's epoch plans are kept, keyed by everything its units depend on -- the
+        builder's source included, so a changed rule never reads an old plan."""
+        where = cache_root(self.root, self.read_options["cache_dir"])
+        if where is None:
+            return None
+        sources = sorted({inspect.getsourcefile(type(builder)), inspect.getsourcefile(BuiltPlan)})
+        key = {"table": table.digest, "problems": sorted(table.problems), "objective": self.objective.name,
+               "salt": self.objective.salt, "seq_len": self.seq_len, "options": dataclasses.asdict(self.options),
+               "vocab": self.vocab.ids, "seed": self.seed, "shuffle": self.shuffle, "window": self.window,
+               "streams": self.num_streams, "rule": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in sources]}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        return PlanCache(f"{where}/plans/{self.split}-{digest}")
+
+    @property
+    def order(self) -> DocumentOrder:
+        """The documents' order in each epoch (what the units are packed from)."""
+        self._setup()
+        return self._plan.order
 
     @property
     def epoch(self) -> int:
-        return self.stream.position.epoch
+        """The epoch of the next sample."""
+        index = self._setup()
+        return index.epoch_of(0, self.steps) if self.streams else index.epoch_of(self.samples)
+
+    def next_step_epoch(self) -> int:
+        """The epoch of the next step's last sample (nothing is read)."""
+        index = self._setup()
+        if self.streams:
+            return max(index.epoch_of(b, self.steps) for b in range(self.num_streams))
+        return index.epoch_of(self.samples + self.global_batch_size - 1)
+
+    @property
+    def skipped(self) -> Counter:
+        """Shards skipped on every rank alike (their index or size is wrong) and documents this rank
+        could not read, by name."""
+        self._setup()
+        return self._skipped_shards + self._reader.skipped
+
+    @property
+    def read_stats(self) -> ReadStats:
+        self._setup()
+        return self._reader.stats
+
+    def read_counts(self) -> dict[str, int]:
+        """What this rank has read so far and could not read: bytes and requests of its range reads,
+        documents skipped after retries (this rank's), shards skipped (every rank alike)."""
+        skipped = self.skipped
+        return {"bytes_read": self.read_stats.bytes, "read_requests": self.read_stats.requests,
+                "skipped_documents": sum(n for k, n in skipped.items() if k.startswith("unreadable_document:")),
+                "skipped_shards": sum(n for k, n in skipped.items() if k.startswith("unreadable_shard:"))}
+
+    def my_rows(self) -> list[list[int]]:
+        """This rank's rows of the global batch, one list per micro batch."""
+        out = []
+        for m in range(self.accum):
+            start = (m * self.dp_size + self.dp_rank) * self.micro
+            rows = list(range(start, start + self.micro))
+            if self.streams and self.options.bi_data:  # forward streams (even) first, then backward (odd)
+                rows.sort(key=lambda row: row % 2)
+            out.append(rows)
+        return out
+
+    def locate(self, row: int) -> Located:
+        """Row ``row`` of the next step: its epoch, its unit and the pieces it packs."""
+        index = self._setup()
+        return index.locate(row, self.steps) if self.streams else index.locate(self.samples + row)
 
     def next_step(self, *, build: bool = True) -> list[dict[str, torch.Tensor]]:
         """This rank's ``grad_accum_steps`` micro batches for the next optimizer step
-        (``build=False``: advance past the step without noising or collating -- for workers)."""
-        if self._units is None:
-            self._units = self.source.units(self.stream, lambda k: self._rng(self.stream.position.epoch, k, 0))
-        units = []
-        for _ in range(self.global_batch_size):
-            unit = next(self._units)
-            units.append((unit, self.stream.position.epoch, self.samples))
-            self.samples += 1
+        (``build=False``: advance past the step without reading, noising or collating -- for workers)."""
+        rows = self.my_rows()
+        located = {row: self.locate(row) for micro in rows for row in micro}
+        self.last_samples = [(self.samples + row, loc.epoch, loc.unit_id) for row, loc in located.items()]
+        out = self._build(rows, located) if build else []
+        self.samples += self.global_batch_size
         self.steps += 1
+        return out
+
+    def _build(self, rows: list[list[int]], located: dict[int, Located]) -> list[dict[str, torch.Tensor]]:
+        arrays = {row: unit_arrays(loc.unit) for row, loc in located.items()}
+        values = np.concatenate([np.zeros(0, dtype=np.int64)] + [a for arr in arrays.values() for a in arr])
+        addresses = values[values >= ADDRESS] - ADDRESS
+        store = self._reader.read(*intervals(addresses)) if self.reads else empty_store(self._reader.table.dtype)
+        filler = self.pad_id if self.reads else self._plain_id  # unread: a plain token, so noise keeps its shapes
         out = []
-        for m in range(self.accum if build else 0):
-            start = (m * self.dp_size + self.dp_rank) * self.micro
-            samples = [make_sample(self.objective, unit, self._rng(epoch, k, 1), vocab=self.vocab, opts=self.options)
-                       for unit, epoch, k in units[start:start + self.micro]]
-            out.append(collate(samples, pad_id=self.pad_id, width=self.width))
+        for micro in rows:
+            samples = []
+            for row in micro:
+                loc = located[row]
+                unit = rebuild(loc.unit, (store.resolve(v, filler) for v in arrays[row]), self._plan.consts)
+                rng = self._rng(loc.epoch, self.samples + row, 1)
+                samples.append(self.objective.sample(unit, rng, vocab=self.vocab, opts=self.options))
+            batch = collate(samples, pad_id=self.pad_id, width=self.width)
+            if self.streams:
+                batch["rows"] = torch.tensor(micro)  # global stream ids, for their memory
+            out.append(batch)
         return out
 
     def state_dict(self) -> dict:
-        return {"stream": self.stream.state_dict(), "builder": self.source.state_dict(), "steps": self.steps,
-                "samples": self.samples, "objective": self.objective, "global_batch_size": self.global_batch_size}
+        return {"format": STATE_FORMAT, "samples": self.samples, "steps": self.steps, "epoch": self.epoch,
+                "objective": self.objective.name, "global_batch_size": self.global_batch_size,
+                "streams": self.num_streams, "seed": self.seed, "num_shards": self.num_shards, "window": self.window}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["objective"] != self.objective:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError("the data position was saved by the loader before sample indices (format "
+                             f"{state.get('format', 'v0')!r}); it cannot be resumed exactly: start the run afresh or "
+                             f"resume it with the glm-dist version that saved it")
+        if state["objective"] != self.objective.name:
             raise ValueError(f"data position was saved for objective {state['objective']!r}, this run uses "
-                             f"{self.objective!r}")
-        self.stream.load_state_dict(state["stream"])
-        self.source.load_state_dict(state["builder"])
+                             f"{self.objective.name!r}")
+        if state["streams"] != self.num_streams:
+            raise ValueError(f"data position was saved for {state['streams']} streams, this run has "
+                             f"{self.num_streams} (the global batch size of a streamed objective): resume with "
+                             f"the same global batch")
+        saved = (state["seed"], state["num_shards"], state["window"])
+        if saved != (self.seed, self.num_shards, self.window):
+            raise ValueError(f"data position was saved for seed {saved[0]} over {saved[1]} shards with a shuffle "
+                             f"window of {saved[2]}; this run has seed {self.seed} over {self.num_shards} shards "
+                             f"with a window of {self.window} -- resume with the same data, seed and window")
         self.steps, self.samples = state["steps"], state["samples"]
-        self._units = None
 
 
 def validation_batches(shards_dir: str, *, seq_len: int, micro_batch_size: int, num_batches: int, dp_rank: int = 0,
-                       dp_size: int = 1, objective: str = "clm") -> list[tuple[dict[str, torch.Tensor], float]]:
+                       dp_size: int = 1, objective: str = DEFAULT_OBJECTIVE, options: ObjectiveOptions | None = None
+                       ) -> list[tuple[dict[str, torch.Tensor], float]]:
     """The fixed validation set (the first ``num_batches`` batches of the held-out split, in stored
-    order, fixed noise), split round-robin over ranks. Each rank gets the same number of (batch,
-    weight) pairs; padding entries have weight 0 so every rank runs the same number of forward passes."""
-    loader = Loader(shards_dir, objective=objective, split="validation", seq_len=seq_len,
-                    micro_batch_size=micro_batch_size, shuffle=False)
-    first_epoch = []
-    for _ in range(num_batches):
-        batch = loader.next_step()[0]
-        if loader.stream.position.epoch > 0 and first_epoch:
+    order, fixed noise), split round-robin over ranks; each rank reads only its own batches. Each
+    rank gets the same number of (batch, weight) pairs; padding entries have weight 0 so every rank
+    runs the same number of forward passes."""
+    kw = dict(objective=objective, split="validation", seq_len=seq_len, micro_batch_size=micro_batch_size,
+              shuffle=False, options=options)
+    loader, mine, count = Loader(shards_dir, **kw), [], 0
+    for i in range(num_batches):
+        if loader.next_step_epoch() > 0 and count:
             break  # the held-out split is smaller than asked: do not repeat it
-        first_epoch.append(batch)
-    mine = first_epoch[dp_rank::dp_size]
-    per_rank = -(-len(first_epoch) // dp_size)
-    return [(b, 1.0) for b in mine] + [(first_epoch[0], 0.0)] * (per_rank - len(mine))
+        batches = loader.next_step(build=i % dp_size == dp_rank)
+        mine += batches[:1]
+        count += 1
+    per_rank = -(-count // dp_size)
+    pad = mine[0] if mine else Loader(shards_dir, **kw).next_step()[0]
+    return [(b, 1.0) for b in mine] + [(pad, 0.0)] * (per_rank - len(mine))

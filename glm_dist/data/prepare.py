@@ -5,7 +5,8 @@ from pathlib import Path
 
 from glm_dist.config.schema import DataConfig
 from glm_dist.data.shards import read_manifest
-from glm_dist.parallel.distributed import DistInfo, barrier
+from glm_dist.parallel import comm
+from glm_dist.parallel.distributed import DistInfo
 
 
 def ensure_shards(data: DataConfig, dist: DistInfo) -> dict:
@@ -15,6 +16,7 @@ def ensure_shards(data: DataConfig, dist: DistInfo) -> dict:
         prepare_shards(source=data.source, out_dir=data.shards_dir, tokenizer=data.tokenizer,
                        profile=data.tokenizer_profile, workers=data.encode_workers,
                        vocab_size=data.vocab_size, val_per_mille=data.val_per_mille,
-                       shard_max_bytes=data.shard_max_bytes, text_field=data.text_field)
-    barrier()
+                       shard_max_bytes=data.shard_max_bytes, text_field=data.text_field,
+                       max_record_mb=data.max_record_mb)
+    comm.barrier()
     return read_manifest(data.shards_dir)

@@ -1,16 +1,27 @@
-"""Reading the tokenized-document shard set: ``manifest.json`` and the webdataset tar shards."""
+"""Reading the tokenized-document shard set: ``manifest.json`` and the webdataset tar shards.
+
+Shards are plain webdataset tars (other tools read them as they are), but they are read here as
+data only: opened through fsspec (a path or a URL, never a ``pipe:`` command), streamed with
+``tarfile`` member by member, regular files only (links, devices and directories are skipped; a
+member's name is never used as a path), each member bounded in size before it is buffered.
+"""
 from __future__ import annotations
 
 import io
 import json
 import logging
-from typing import NamedTuple
+import re
+import tarfile
+from typing import Iterator, NamedTuple
 
-import fsspec
 import numpy as np
-import webdataset as wds
+
+from glm_dist.errors import GlmError
 
 log = logging.getLogger(__name__)
+MAX_MEMBER_BYTES = 1 << 30  # one document's tokens: far above any real document, far below a bomb
+MAX_MANIFEST_BYTES = 256 * 2**20
+KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's rule: the key ends at the basename's first dot
 
 
 class Doc(NamedTuple):
@@ -19,17 +30,39 @@ class Doc(NamedTuple):
     sentences: np.ndarray  # token index where each sentence starts (int32; [0] when unknown)
 
 
-class ShardSetError(RuntimeError):
-    """The shard set cannot be used at all (missing manifest, unknown split)."""
+class ShardSetError(GlmError, RuntimeError):
+    """The shard set cannot be used at all (missing manifest, unknown split, no readable shard)."""
+
+
+def open_shard_file(url: str):
+    from data_pipeline.remote import check_scheme, open_url
+
+    try:
+        check_scheme(url, "data.shards_dir")
+    except ValueError as err:
+        raise ShardSetError(str(err)) from None
+    return open_url(url, "rb")
 
 
 def read_manifest(root: str) -> dict:
+    url = f"{root}/manifest.json"
     try:
-        with fsspec.open(f"{root}/manifest.json", "r") as f:
-            return json.load(f)
+        with open_shard_file(url) as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        raise ShardSetError(f"{root}/manifest.json not found: build the shards first "
-                            f"(glm data tokenize -c CONFIG), or point data.shards_dir at them") from None
+        raise ShardSetError(f"{url} not found: build the shards first (glm data tokenize -c CONFIG), or point "
+                            f"data.shards_dir at them") from None
+    except OSError as err:
+        raise ShardSetError(f"{url} cannot be read: {err}") from None
+    try:
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")
+        manifest = json.loads(data.decode("utf-8"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+            raise ValueError("no 'splits' mapping")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ShardSetError(f"{url} is corrupt ({err}); rebuild the shard set with glm data tokenize") from None
+    return manifest
 
 
 def shard_urls(root: str, manifest: dict, split: str) -> list[str]:
@@ -39,12 +72,40 @@ def shard_urls(root: str, manifest: dict, split: str) -> list[str]:
     return [f"{root}/{s['name']}" for s in manifest["splits"][split]]
 
 
-def _every_shard(urls):
-    return urls
-
-
 def shard_sizes(manifest: dict, split: str) -> list[int]:
     return [s["num_samples"] for s in manifest["splits"][split]]
+
+
+def _npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _members(stream) -> Iterator[tuple[str, str, int, bytes]]:
+    """The regular members of a tar stream as (key, ext, data offset in the tar, data), each bounded."""
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            found = KEY.match(member.name)
+            if found is None:
+                continue
+            if member.size > MAX_MEMBER_BYTES:
+                raise OSError(f"member {member.name} is {member.size} bytes (limit {MAX_MEMBER_BYTES})")
+            key, ext = found.groups()
+            yield key, ext, member.offset_data, tar.extractfile(member).read()
+
+
+def _samples(stream) -> Iterator[dict[str, bytes]]:
+    """Consecutive members with one key, as webdataset groups them: ``{"__key__", ext: bytes}``."""
+    sample: dict[str, bytes] = {}
+    for key, ext, _, data in _members(stream):
+        if sample and sample["__key__"] != key:
+            yield sample
+            sample = {}
+        sample["__key__"] = key
+        sample[ext] = data
+    if sample:
+        yield sample
 
 
 def read_shard(url: str, expected: int | None = None) -> list[Doc]:
@@ -56,15 +117,13 @@ def read_shard(url: str, expected: int | None = None) -> list[Doc]:
     """
     docs = []
     try:
-        # Our loader owns the order and the split by rank/worker: webdataset reads exactly this shard.
-        dataset = wds.WebDataset([url], shardshuffle=False, empty_check=False, nodesplitter=_every_shard,
-                                 workersplitter=_every_shard)
-        for sample in dataset:
-            tokens = np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)
-            sentences = (np.load(io.BytesIO(sample["sentences.npy"]), allow_pickle=False)
-                         if "sentences.npy" in sample else np.zeros(1, dtype=np.int32))
-            docs.append(Doc(sample["__key__"], tokens, sentences))
-    except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, bad npy payloads
+        with open_shard_file(url) as f:
+            for sample in _samples(f):
+                sentences = _npy(sample["sentences.npy"]) if "sentences.npy" in sample else np.zeros(1, dtype=np.int32)
+                docs.append(Doc(sample["__key__"], _npy(sample["tokens.npy"]), sentences))
+    except ShardSetError:
+        raise
+    except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, a missing or bad npy member
         raise OSError(f"shard {url} is unreadable after {len(docs)} documents: {err!r}") from err
     if expected is not None and len(docs) != expected:
         raise OSError(f"shard {url} holds {len(docs)} documents but manifest.json lists {expected}: "

@@ -1,14 +1,16 @@
 """The same batches as ``Loader``, built ahead in dataloader worker processes.
 
-Worker ``w`` of ``W`` builds the steps ``s`` with ``s % W == w``: each worker runs the cheap
-packing over the whole global order and noises/collates only its own steps, and torch's
-``DataLoader`` hands the steps back in order. Each step travels with the loader state after it,
+Worker ``w`` of ``W`` builds the steps ``s`` with ``s % W == w``: each worker looks its rows up in
+the sample index, reads their document pieces and noises/collates only its own steps (the others
+it skips without reading), and torch's ``DataLoader`` hands the steps back in order, up to
+``prefetch_factor`` steps per worker ahead of training. Each step travels with the loader state after it,
 so the state saved in a checkpoint is that of the last step consumed -- resume stays exact and
-elastic with any number of workers.
+elastic with any number of workers -- and with its worker's read counts so far (``read_counts``).
 """
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -31,7 +33,7 @@ class _Steps(IterableDataset):
             mine = step % workers == worker
             batches = loader.next_step(build=mine)
             if mine:
-                yield batches, loader.state_dict()
+                yield batches, loader.state_dict(), (worker, loader.read_counts())
             step += 1
 
 
@@ -44,6 +46,8 @@ class WorkerLoader:
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self._state = self._local.state_dict()
         self._it = None
+        self._counts: dict[int, dict] = {}  # worker -> its read counts, this iterator
+        self._before: Counter = Counter()  # the counts of iterators already closed
 
     @property
     def global_batch_size(self) -> int:
@@ -51,18 +55,26 @@ class WorkerLoader:
 
     @property
     def epoch(self) -> int:
-        return self._state["stream"]["epoch"]
+        return self._state["epoch"]
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         if self._it is None:
             self._it = iter(DataLoader(_Steps(self._make, self._state), batch_size=None, num_workers=self.num_workers,
-                                       prefetch_factor=self.prefetch_factor, persistent_workers=False))
-        batches, self._state = next(self._it)
+                                       prefetch_factor=self.prefetch_factor, persistent_workers=False,
+                                       pin_memory=torch.cuda.is_available()))  # then copies to the GPU are async
+        batches, self._state, (worker, counts) = next(self._it)
+        self._counts[worker] = counts
         return batches
+
+    def read_counts(self) -> dict[str, int]:
+        """``Loader.read_counts`` summed over the workers (and over earlier iterators)."""
+        total = self._before + sum((Counter(c) for c in self._counts.values()), Counter())
+        return {k: int(total[k]) for k in self._local.read_counts()}
 
     def state_dict(self) -> dict:
         return self._state
 
     def load_state_dict(self, state: dict) -> None:
         self._local.load_state_dict(state)  # validates (seed, shards, objective)
-        self._state, self._it = state, None
+        self._before += sum((Counter(c) for c in self._counts.values()), Counter())
+        self._state, self._it, self._counts = state, None, {}

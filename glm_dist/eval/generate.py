@@ -4,11 +4,14 @@
 A ``Decoder`` hides the family: the encoder (if any) runs once; each step feeds only the new
 tokens through the cached decoder. Beam search follows transformers' beam scorer (hypotheses end
 at EOS, scored by sum of log-probabilities / length ** length_penalty, EOS taken only from the top
-``num_beams`` candidates, stop once every input has ``num_beams`` finished hypotheses).
+``num_beams`` candidates, stop once every input has ``num_beams`` finished hypotheses, or with
+``early_stopping=False`` once no running beam can beat them; a ``stop`` predicate on the generated
+tokens ends a hypothesis as EOS does).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +28,9 @@ class GenerationConfig:
     top_p: float = 1.0  # 1.0: off
     eos_id: int | None = None
     seed: int = 0
+    # beam: True stops an input once it has num_beams finished hypotheses; False (transformers' default)
+    # goes on while a running beam, normalised at its current length, could still beat the worst finished one
+    early_stopping: bool = True
 
 
 class Decoder:
@@ -66,11 +72,12 @@ class Decoder:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, cfg: GenerationConfig, *, attention_mask: torch.Tensor | None = None,
-             start_id: int | None = None) -> torch.Tensor:
+             start_id: int | None = None, stop: Callable[[list[int]], bool] | None = None) -> torch.Tensor:
     """Output tokens: the prompt and continuation (decoder-only) or the decoder sequence starting
-    with ``start_id`` (encoder-decoder). Rows that finished early are padded with EOS."""
+    with ``start_id`` (encoder-decoder). Rows that finished early are padded with EOS. Beam search
+    only: ``stop(generated tokens)`` true ends a hypothesis as EOS does (a stop sequence's text)."""
     if cfg.strategy == "beam":
-        return _beam(model, input_ids, cfg, attention_mask, start_id)
+        return _beam(model, input_ids, cfg, attention_mask, start_id, stop)
     dec = Decoder(model, input_ids, attention_mask, start_id)
     seq, logits = dec.prefix, dec.start()
     done = torch.zeros(seq.shape[0], dtype=torch.bool, device=seq.device)
@@ -106,7 +113,7 @@ def _sample(logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def _beam(model, input_ids, cfg: GenerationConfig, attention_mask, start_id) -> torch.Tensor:
+def _beam(model, input_ids, cfg: GenerationConfig, attention_mask, start_id, stop=None) -> torch.Tensor:
     B, K = input_ids.shape[0], cfg.num_beams
     expand = torch.arange(B, device=input_ids.device).repeat_interleave(K)
     dec = Decoder(model, input_ids.index_select(0, expand),
@@ -116,6 +123,7 @@ def _beam(model, input_ids, cfg: GenerationConfig, attention_mask, start_id) -> 
     scores = torch.zeros(B, K, device=seq.device)
     scores[:, 1:] = -1e9  # all beams start identical: only the first one expands at step 0
     finished: list[list[tuple[float, torch.Tensor]]] = [[] for _ in range(B)]
+    open_ = [True] * B  # False once no running beam can improve the input's finished ones
     for _ in range(cfg.max_new_tokens):
         logp = F.log_softmax(logits, -1)  # (B*K, V)
         V = logp.shape[-1]
@@ -126,29 +134,48 @@ def _beam(model, input_ids, cfg: GenerationConfig, attention_mask, start_id) -> 
             chosen = 0
             for rank, (score, j) in enumerate(zip(top[b].tolist(), idx[b].tolist())):
                 row, tok = b * K + j // V, j % V
-                if cfg.eos_id is not None and tok == cfg.eos_id:
-                    if rank < K and len(finished[b]) < K:
+                if (cfg.eos_id is not None and tok == cfg.eos_id) or (
+                        stop is not None and stop(seq[row, prompt:].tolist() + [tok])):
+                    if rank < K and open_[b]:
                         hyp = torch.cat([seq[row], seq.new_tensor([tok])])
-                        finished[b].append((score / (hyp.shape[0] - prompt) ** cfg.length_penalty, hyp))
+                        _finish(finished[b], score / (hyp.shape[0] - prompt) ** cfg.length_penalty, hyp, K)
                     continue
                 keep_rows.append(row), keep_tokens.append(tok), keep_scores.append(score)
                 chosen += 1
                 if chosen == K:
                     break
+            for _ in range(K - chosen):  # every candidate ended (a stop sequence): dead beams keep the shape
+                keep_rows.append(b * K + idx[b, 0].item() // V), keep_tokens.append(idx[b, 0].item() % V)
+                keep_scores.append(-1e9)
         rows = torch.tensor(keep_rows, device=seq.device)
         tokens = torch.tensor(keep_tokens, device=seq.device)
         seq = torch.cat([seq.index_select(0, rows), tokens[:, None]], dim=1)
         scores = torch.tensor(keep_scores, device=seq.device).view(B, K)
-        if all(len(f) >= K for f in finished):
+        for b in range(B):  # transformers' early-stop heuristic, at the current length
+            best = scores[b, 0].item() / (seq.shape[1] - prompt) ** cfg.length_penalty
+            full = len(finished[b]) >= K
+            open_[b] = open_[b] and not (full and (cfg.early_stopping or best <= min(f[0] for f in finished[b])))
+        if not any(open_):
             break
         dec.reorder(rows)
         logits = dec.step(tokens)
     outputs = []
     for b in range(B):
-        running = [(scores[b, k].item() / (seq.shape[1] - prompt) ** cfg.length_penalty, seq[b * K + k])
-                   for k in range(K)]
-        pool = finished[b] + (running if len(finished[b]) < K else [])
+        pool = list(finished[b])
+        if open_[b]:  # ran out of tokens: the running beams compete with the finished ones
+            for k in range(K):
+                _finish(pool, scores[b, k].item() / (seq.shape[1] - prompt) ** cfg.length_penalty, seq[b * K + k], K)
         outputs.append(max(pool, key=lambda item: item[0])[1])
     width = max(o.shape[0] for o in outputs)
     pad = cfg.eos_id if cfg.eos_id is not None else 0
     return torch.stack([F.pad(o, (0, width - o.shape[0]), value=pad) for o in outputs])
+
+
+def _finish(pool: list[tuple[float, torch.Tensor]], score: float, hyp: torch.Tensor, K: int) -> None:
+    """Keep a finished hypothesis among the K best (transformers' BeamHypotheses.add)."""
+    if len(pool) < K:
+        pool.append((score, hyp))
+    else:
+        worst = min(range(len(pool)), key=lambda i: pool[i][0])
+        if score > pool[worst][0]:
+            pool[worst] = (score, hyp)

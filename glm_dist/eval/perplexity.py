@@ -1,11 +1,14 @@
 """Validation loss, perplexity and bits per byte.
 
 Bits per byte = total NLL (nats) / (ln 2 x UTF-8 bytes of the predicted tokens), which compares
-across tokenizers; special tokens count zero bytes.
+across tokenizers; special tokens count zero bytes. Whole documents longer than the context are
+scored in sliding windows with a stride (``document_perplexity``), reported per token, per word
+and per byte.
 """
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable
 
 import numpy as np
@@ -13,8 +16,8 @@ import torch
 from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.vocab_tables import token_byte_lengths
-from glm_dist.objectives.steps import forward_loss
-from glm_dist.parallel.distributed import all_reduce
+from glm_dist.objectives.base import Objective, to_device
+from glm_dist.parallel import comm
 
 
 def byte_length_table(tok: Tokenizer, vocab_size: int) -> torch.Tensor:
@@ -25,31 +28,82 @@ def byte_length_table(tok: Tokenizer, vocab_size: int) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengths: torch.Tensor,
-             device: torch.device | str = "cpu", objective: str = "clm") -> dict[str, float]:
-    """``batches``: (batch, weight) pairs from ``validation_batches``; sums over all ranks.
-    CLM: loss, perplexity, bits per byte. MLM-style: loss and perplexity over the masked tokens,
-    accuracy, the sentence task's loss and accuracy where there is one, and ELECTRA's replaced-token
-    detection accuracy."""
-    keys = ("nll", "targets", "bytes", "correct", "sentence_nll", "sentences", "sentence_correct", "disc_tokens",
-            "disc_correct")
-    totals = dict.fromkeys(keys, 0.0)
+             objective: Objective, device: torch.device | str = "cpu") -> dict[str, float]:
+    """``batches``: (batch, weight) pairs from ``validation_batches``; sums over all ranks, then the
+    objective's report (CLM: loss, perplexity, bits per byte; MLM-style: loss and perplexity over
+    the masked tokens, accuracy, the sentence task's loss and accuracy, ELECTRA's replaced-token
+    detection accuracy)."""
+    totals = dict.fromkeys(objective.sums, 0.0)
     for batch, weight in batches:
-        _, sums = forward_loss(objective, forward, batch, device)
+        _, sums = objective.loss(forward, to_device(batch, device), metrics=True)
+        sums.pop("mems", None)  # validation segments are scored without a memory
         labels = sums.pop("labels", None)
-        if labels is not None:
+        if labels is not None:  # bits per byte: the UTF-8 bytes the predicted tokens stand for
             sums["bytes"] = byte_lengths[labels.cpu()].sum().item()
         for key, value in sums.items():
             totals[key] += weight * value
-    totals = dict(zip(keys, all_reduce([totals[k] for k in keys])))
-    loss = totals["nll"] / max(totals["targets"], 1)
-    out = {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(totals["targets"])}
-    if objective == "clm":
-        out["bits_per_byte"] = totals["nll"] / math.log(2) / max(totals["bytes"], 1)
-    else:
-        out["accuracy"] = totals["correct"] / max(totals["targets"], 1)
-    if totals["disc_tokens"]:  # ELECTRA's discriminator: replaced-token detection accuracy
-        out["replaced_accuracy"] = totals["disc_correct"] / totals["disc_tokens"]
-    if totals["sentences"]:
-        out["sentence_loss"] = totals["sentence_nll"] / totals["sentences"]
-        out["sentence_accuracy"] = totals["sentence_correct"] / totals["sentences"]
-    return out
+    totals = dict(zip(totals, comm.all_reduce_values(list(totals.values()))))
+    return objective.report(totals)
+
+
+def sliding_windows(num_tokens: int, *, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """Windows over ``x = [prefix] + tokens`` for documents longer than the context (GPT-2's LM
+    benchmarks; lm-eval's ``loglikelihood_rolling``): each ``(start, end, scored)`` reads
+    ``x[start:end]`` and its last ``scored`` positions predict ``x[end - scored + 1 : end + 1]``. The
+    first window scores all it reads; each later one reads ``context`` tokens and scores the
+    ``stride`` after the previous window's, so every token is scored exactly once, with at least
+    ``context - stride`` tokens before it (stride = context: disjoint windows)."""
+    if not 1 <= stride <= context:
+        raise ValueError(f"stride={stride} must be between 1 and the context length {context}")
+    if num_tokens == 0:
+        return []
+    done = min(context, num_tokens)
+    windows = [(0, done, done)]
+    while done < num_tokens:
+        end = min(done + stride, num_tokens)
+        windows.append((end - context, end, end - done))
+        done = end
+    return windows
+
+
+@torch.no_grad()
+def document_nll(model: Callable, tokens, *, prefix_id: int, context: int, stride: int, batch_size: int = 8,
+                 device: torch.device | str = "cpu") -> float:
+    """A document's negative log-likelihood (nats) in sliding windows, from ``prefix_id`` on."""
+    x = torch.tensor([prefix_id, *[int(t) for t in tokens]])
+    spans = sliding_windows(len(x) - 1, context=context, stride=stride)
+    total = 0.0
+    for i in range(0, len(spans), batch_size):
+        part = spans[i:i + batch_size]
+        batch = torch.zeros(len(part), max(b - a for a, b, _ in part), dtype=torch.long)
+        for row, (a, b, _) in zip(batch, part):
+            row[:b - a] = x[a:b]  # right padding: causal, so no scored position sees it
+        logprobs = torch.log_softmax(model(batch.to(device)).float(), dim=-1)  # (B, T, V)
+        for lp, (a, b, k) in zip(logprobs, part):
+            total -= lp[b - a - k:b - a].gather(-1, x[b - k + 1:b + 1, None].to(lp.device)).sum().item()
+    return total
+
+
+def document_perplexity(model: Callable, documents: list, tok: Tokenizer, *, prefix_id: int, context: int,
+                        stride: int, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Whole documents scored in sliding windows: token-level, word-level and per-byte perplexity
+    and bits per byte side by side (words and bytes of the decoded text, counted as lm-eval's
+    rolling tasks count them), so models with different tokenizers compare."""
+    nll = tokens = words = n_bytes = 0
+    for doc in documents:
+        text = tok.decode([int(t) for t in doc], skip_special_tokens=False)
+        nll += document_nll(model, doc, prefix_id=prefix_id, context=context, stride=stride, device=device)
+        tokens, words, n_bytes = tokens + len(doc), words + len(re.split(r"\s+", text)), n_bytes + len(text.encode())
+    return {"documents": len(documents), "stride": stride, "context": context, "tokens": tokens, "words": words,
+            "bytes": n_bytes, "nll": nll, "token_perplexity": math.exp(nll / tokens),
+            "word_perplexity": math.exp(nll / words), "byte_perplexity": math.exp(nll / n_bytes),
+            "bits_per_byte": nll / (n_bytes * math.log(2))}
+
+
+@torch.no_grad()
+def gives_next_token_logits(family_name: str) -> bool:
+    """Whether the family is a decoder-only LM: its forward maps token ids (B, T) to logits (B, T, V)
+    (its registry row says so; calling the model to find out needs inputs some families lack)."""
+    from glm_dist.models.registry import family
+
+    return family(family_name).next_token_logits

@@ -1,4 +1,6 @@
-"""``glm eval``: validation loss, perplexity and bits per byte of a checkpoint, in one process."""
+"""``glm eval``: validation loss, perplexity and bits per byte of a checkpoint, in one process (on the
+GPU when there is one); for decoder-only LMs also whole held-out documents' token-, word- and
+byte-level perplexity in sliding windows (``--documents N --stride S``)."""
 from __future__ import annotations
 
 import json
@@ -7,13 +9,17 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.config.checks import seq_len
 from glm_dist.config.schema import Config
 from glm_dist.data.loader import validation_batches
-from glm_dist.data.shards import read_manifest
-from glm_dist.eval.perplexity import byte_length_table, evaluate
+from glm_dist.data.shards import read_manifest, read_shard, shard_sizes, shard_urls
+from glm_dist.eval.perplexity import byte_length_table, document_perplexity, evaluate, gives_next_token_logits
 from glm_dist.models.registry import build_model, model_config_from_dict
-from glm_dist.train.checkpoint import CheckpointError, consolidated_state_dict
+from glm_dist.objectives.registry import get_objective, options_from_config
+from glm_dist.checkpoint.consolidate import consolidated_state_dict
+from glm_dist.checkpoint.files import CheckpointError
+from glm_dist.errors import GlmError
 
 
 def load_checkpoint_model(checkpoint: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -27,20 +33,50 @@ def load_checkpoint_model(checkpoint: str | Path) -> tuple[torch.nn.Module, dict
     return model.eval(), meta
 
 
-def evaluate_checkpoint(cfg: Config, checkpoint: str | Path) -> dict:
+def evaluate_checkpoint(cfg: Config, checkpoint: str | Path, *, documents: int = 0, stride: int | None = None) -> dict:
+    """The objective's validation metrics; for a decoder-only LM also the first ``documents``
+    held-out documents' token / word / byte perplexity in sliding windows of ``stride``."""
     model, meta = load_checkpoint_model(checkpoint)
     manifest = read_manifest(cfg.data.shards_dir)
     if manifest["tokenizer"]["sha256"] != meta["tokenizer_sha256"]:
         raise CheckpointError(f"checkpoint {checkpoint} was trained with another tokenizer than the one in "
                               f"{cfg.data.shards_dir}; evaluate on shards made with the checkpoint's tokenizer.json")
-    tok = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json"))
+    tok = checkpoint_tokenizer(checkpoint)
     byte_lengths = byte_length_table(tok, model.cfg.vocab_size)
     batches = validation_batches(cfg.data.shards_dir, seq_len=min(seq_len(cfg), model.cfg.context_length),
                                  micro_batch_size=cfg.train.micro_batch_size, num_batches=cfg.train.eval_batches,
-                                 objective=cfg.objective.name)
-    metrics = evaluate(model, batches, byte_lengths=byte_lengths, objective=cfg.objective.name)
-    return {"checkpoint": str(checkpoint), "step": meta["step"], "split": "validation", **metrics}
+                                 objective=cfg.objective.name, options=options_from_config(cfg.objective, model.cfg))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    objective = get_objective(cfg.objective.name)
+    metrics = evaluate(model.to(device), batches, byte_lengths=byte_lengths, device=device, objective=objective)
+    metrics.update(objective.checkpoint_metrics(model, shards_dir=cfg.data.shards_dir, seq_len=seq_len(cfg),
+                                                num_sequences=cfg.train.eval_batches * cfg.train.micro_batch_size,
+                                                device=device))
+    result = {"checkpoint": str(checkpoint), "step": meta["step"], "split": "validation", **metrics}
+    if documents and gives_next_token_logits(meta["model_family"]):
+        result["documents"] = validation_documents_perplexity(model, tok, cfg.data.shards_dir, meta, limit=documents,
+                                                              stride=stride, device=device)
+    return result
 
 
-def main_eval(cfg: Config, checkpoint: str) -> None:
-    print(json.dumps(evaluate_checkpoint(cfg, checkpoint), indent=2))
+def validation_documents_perplexity(model, tok: Tokenizer, shards_dir: str, meta: dict, *, limit: int,
+                                    stride: int | None, device) -> dict:
+    """The first ``limit`` held-out documents scored whole, in sliding windows of the context
+    advancing by ``stride`` (default: the context, disjoint windows)."""
+    from data_pipeline.tokenize.profiles import special_ids
+
+    context = model.cfg.context_length
+    if stride is not None and not 1 <= stride <= context:
+        raise GlmError(f"--stride {stride} must be between 1 and the model's context length {context}")
+    manifest, docs = read_manifest(shards_dir), []
+    for url, expected in zip(shard_urls(shards_dir, manifest, "validation"), shard_sizes(manifest, "validation")):
+        docs += [d.tokens for d in read_shard(url, expected) if len(d.tokens)][:limit - len(docs)]
+        if len(docs) >= limit:
+            break
+    ids = special_ids(tok, meta["config"]["data"]["tokenizer_profile"])
+    return document_perplexity(model, docs, tok, prefix_id=ids.get("eot", ids.get("eos")), context=context,
+                               stride=stride or context, device=device)
+
+
+def main_eval(cfg: Config, checkpoint: str, *, documents: int = 0, stride: int | None = None) -> None:
+    print(json.dumps(evaluate_checkpoint(cfg, checkpoint, documents=documents, stride=stride), indent=2))

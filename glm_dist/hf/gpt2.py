@@ -78,9 +78,14 @@ def import_hf(hf_model) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
 
 
 def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
-              eot_token: str = "<|endoftext|>") -> None:
-    """Write a folder ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load."""
+              profile: str = "gpt2") -> None:
+    """Write a folder ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load;
+    the tokenizer's end-of-text token (also BOS, EOS, UNK) from the tokenizer ``profile``."""
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from data_pipeline.tokenize.profiles import PROFILES
+
+    eot_token = PROFILES[profile].roles["eot"]
 
     tokenizer = None
     eot_id = None

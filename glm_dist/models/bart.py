@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, ShardPlan
 
 POSITION_OFFSET = 2  # fairseq's learned positions reserve the first two rows
 
@@ -33,14 +33,14 @@ class BartConfig:
 class BartAttention(nn.Module):
     def __init__(self, cfg: BartConfig):
         super().__init__()
-        self.n_head = cfg.n_head
+        self.n_head, self.head_dim = cfg.n_head, cfg.d_model // cfg.n_head  # n_head: this rank's under TP
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(cfg.d_model, cfg.d_model) for _ in range(4))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, kv: torch.Tensor | None = None,
                 causal: bool = False, cache: dict | None = None) -> torch.Tensor:
         """``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
-        B, T, C = x.shape
-        split = lambda t: t.view(B, -1, self.n_head, C // self.n_head).transpose(1, 2)  # noqa: E731
+        B, T, _ = x.shape
+        split = lambda t: t.view(B, -1, self.n_head, self.head_dim).transpose(1, 2)  # noqa: E731
         q = split(self.q_proj(x))
         if kv is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]
@@ -56,11 +56,11 @@ class BartAttention(nn.Module):
         if causal and mask is None and past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            if causal:
+            if causal and T > 1:  # one new query (T == 1) sees every cached key: only padding can mask
                 causal_mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
                 mask = causal_mask if mask is None else mask & causal_mask
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class BartBlock(nn.Module):
@@ -83,6 +83,11 @@ class BartBlock(nn.Module):
         if self.decoder:
             x = self.ln_cross(x + self.drop(self.cross_attn(x, memory_mask, kv=memory, cache=cross_cache)))
         return self.ln_ffn(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
+
+
+# tensor parallelism (parallel/tensor.py): heads of self- and cross-attention and the FFN width, both stacks
+TENSOR_PLANS = {BartAttention: ShardPlan(column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads="n_head"),
+                BartBlock: ShardPlan(column=("fc1",), row=("fc2",))}
 
 
 class BartStack(nn.Module):

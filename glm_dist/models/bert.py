@@ -16,13 +16,15 @@ Every model is an ordered list of layers (embedding, blocks, head) for pipeline 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, ShardPlan
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,19 @@ class SelfAttention(nn.Module):
         self.query, self.key, self.value = (nn.Linear(cfg.d_model, cfg.d_model) for _ in range(3))
         self.dense = nn.Linear(cfg.d_model, cfg.d_model)
         self.drop = cfg.dropout
+        # the attention-probability dropout's random numbers: a tensor rank's own stream when heads are
+        # split (glm_dist/parallel/rng.py)
+        self.probs_rng: Callable = contextlib.nullcontext
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        B, T, _ = x.shape  # projections may be narrower than d_model: this rank's heads under tensor parallelism
-        q, k, v = (p(x).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.drop if self.training else 0.0)
+        # (B, T, width): projections may be narrower than d_model (this rank's heads under tensor
+        # parallelism) and longer than x (its positions gathered under sequence parallelism)
+        q, k, v = (p(x) for p in (self.query, self.key, self.value))
+        B, T, _ = q.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+        p = self.drop if self.training else 0.0
+        with self.probs_rng() if p else contextlib.nullcontext():
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.dense(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -84,6 +94,11 @@ class EncoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = self.ln_attn(x + self.drop(self.attn(x, mask)))
         return self.ln_ffn(x + self.drop(self.ffn["proj"](self.act(self.ffn["fc"](x)))))
+
+
+# tensor parallelism (parallel/tensor.py): heads and FFN width split; ALBERT's shared block is split once
+TENSOR_PLANS = {SelfAttention: ShardPlan(column=("query", "key", "value"), row=("dense",), heads="n_head"),
+                EncoderBlock: ShardPlan(column=("ffn.fc",), row=("ffn.proj",))}
 
 
 class EncoderEmbedding(nn.Module):
@@ -236,6 +251,15 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
+def pipeline_refusal(cfg: EncoderConfig) -> str | None:
+    """Why an encoder cannot be cut into pipeline stages (None: it can): the stage layout is
+    embedding, blocks, MLM transform, tied decoder -- unshared, unfactorised layers and an MLM head."""
+    if cfg.share != "none" or cfg.head != "mlm" or cfg.emb != cfg.d_model:
+        return ("the encoder pipeline runs BERT/RoBERTa-style encoders with an MLM head and unshared, "
+                "unfactorised layers (not ALBERT's sharing or a factorised embedding, nor NSP/SOP heads)")
+    return None
+
+
 def encoder_config(flavor: str, **overrides) -> EncoderConfig:
     if flavor not in FLAVORS:
         raise KeyError(f"unknown encoder flavor {flavor!r}; known: {', '.join(FLAVORS)}")
@@ -269,16 +293,29 @@ class ElectraPair(nn.Module):
         return [self.generator, self.discriminator]
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                attention_mask: torch.Tensor | None = None,
+                masked_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``masked_positions`` (B, K), the loader's list of the masked positions (padded with
+        position 0 where ``labels`` there is -100): only those rows of the logits are sampled, with no
+        boolean indexing (no device-to-host sync); without it the positions come from ``labels``."""
         for m in (self.generator, self.discriminator):
             m.activation_checkpointing = self.activation_checkpointing
         gen = self.generator(input_ids, token_type_ids, attention_mask)["logits"]  # (B, T, V)
         chosen = labels != -100
-        with torch.no_grad():  # sampling is not differentiated (the paper's "no adversarial" choice)
-            sampled = torch.multinomial(torch.softmax(gen[chosen].float(), -1), 1).squeeze(-1)
         original = torch.where(chosen, labels, input_ids)
         replaced = original.clone()
-        replaced[chosen] = sampled
+        with torch.no_grad():  # sampling is not differentiated (the paper's "no adversarial" choice)
+            if masked_positions is None:
+                replaced[chosen] = torch.multinomial(torch.softmax(gen[chosen].float(), -1), 1).squeeze(-1)
+            else:
+                rows = torch.arange(gen.shape[0], device=gen.device)[:, None]
+                picked = gen[rows, masked_positions].float()  # (B, K, V)
+                sampled = torch.multinomial(torch.softmax(picked.flatten(0, 1), -1), 1).view(masked_positions.shape)
+                listed = chosen.gather(1, masked_positions)  # False on the padding entries
+                # padding entries write into a spare column T, so they never race a real position
+                target = torch.where(listed, masked_positions, replaced.shape[1])
+                spare = torch.cat([replaced, replaced[:, :1]], 1).scatter_(1, target, sampled)
+                replaced = spare[:, :-1]
         disc = self.discriminator(replaced, token_type_ids, attention_mask)["logits"]  # (B, T)
         return {"gen_logits": gen, "disc_logits": disc, "disc_targets": (replaced != original).float()}
 

@@ -8,12 +8,13 @@ from the same definition (``GPT.layers()``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from glm_dist.models.common import Flavor, MLP, CausalSelfAttention, init_gpt_weights
+from glm_dist.models.common import Flavor, MLP, CausalSelfAttention, OutputLinear, init_gpt_weights
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,16 @@ class GPTHead(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = OutputLinear(cfg.d_model, cfg.vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(x))  # (B, T, vocab)
+    def forward(self, x: torch.Tensor, project: Callable | None = None):
+        """(B, T, C) -> (B, T, vocab) logits, or ``project(ln_f(x), weight, None)`` (OutputLinear)."""
+        return self.lm_head(self.ln_f(x), project)
 
 
 class GPT(nn.Module):
+    fused_loss = True  # forward takes ``project``: a loss can skip the logits (glm plan counts it)
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
@@ -123,9 +127,12 @@ class GPT(nn.Module):
         """The model as an ordered list: embedding, blocks, head."""
         return [self.embed, *self.blocks, self.head]
 
-    def forward(self, input_ids: torch.Tensor, cache: list[dict] | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: list[dict] | None = None, *,
+                project: Callable | None = None):
         """(B, T) token ids -> (B, T, vocab) logits. ``cache`` (one dict per block, filled in
-        place) makes decoding incremental: pass only the new tokens."""
+        place) makes decoding incremental: pass only the new tokens. ``project(hidden, weight,
+        bias)`` replaces the output matmul on the final (B, T, C) hidden states -- e.g. a fused
+        cross entropy, or ``lambda h, w, b: h`` for the hidden states themselves."""
         past = cache[0]["k"].shape[2] if cache and "k" in cache[0] else 0
         if past + input_ids.shape[1] > self.cfg.context_length:
             raise ValueError(f"sequence length {past + input_ids.shape[1]} exceeds the context length "
@@ -136,7 +143,7 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x, None if cache is None else cache[i])
-        return self.head(x)
+        return self.head(x, project)
 
     def num_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward), PaLM appendix B:

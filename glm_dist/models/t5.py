@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, ShardPlan
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class T5Attention(nn.Module):
         super().__init__()
         inner = cfg.n_head * cfg.d_kv
         self.cfg, self.bidirectional = cfg, bidirectional
+        self.n_head = cfg.n_head  # this rank's heads under tensor parallelism (the bias table's columns too)
         self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
         self.relative_bias = nn.Embedding(cfg.num_buckets, cfg.n_head) if relative else None
@@ -80,11 +81,12 @@ class T5Attention(nn.Module):
                                   max_distance=self.cfg.max_distance)
         return self.relative_bias(buckets).permute(2, 0, 1)[None]  # (1, H, q, k)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, kv: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, kv: torch.Tensor | None = None,
                 cache: dict | None = None) -> torch.Tensor:
-        """``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
+        """``bias``: additive, in q's dtype (None: nothing masked, so SDPA may pick a flash kernel);
+        ``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
         B, T, _ = x.shape
-        split = lambda t: t.view(B, -1, self.cfg.n_head, self.cfg.d_kv).transpose(1, 2)  # noqa: E731
+        split = lambda t: t.view(B, -1, self.n_head, self.cfg.d_kv).transpose(1, 2)  # noqa: E731
         q = split(self.q(x))
         if kv is not None and cache is not None and "k" in cache:
             k, v = cache["k"], cache["v"]
@@ -96,7 +98,7 @@ class T5Attention(nn.Module):
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         # T5 does not scale by 1/sqrt(d_kv): SDPA's scale=1.0; the bias carries positions and masks.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=1.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -137,11 +139,25 @@ class T5Block(nn.Module):
         return x + self.drop(self.ffn(self.ln_ffn(x)))
 
 
-def _mask_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | float:
+def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, T) keep-mask -> additive (B, 1, 1, T) bias (0 or -inf-ish)."""
-    if mask is None:
-        return 0.0
     return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+def _attention_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention's q/k/v come out in: autocast's when it is on (it runs the projections in
+    it), else the activations'."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+# tensor parallelism (parallel/tensor.py): heads of self- and cross-attention with their columns of the
+# relative-position bias table, and the FFN width (ReLU ``wi`` or gated ``wi_0``/``wi_1``), in both stacks;
+# each rank computes the bias of its own heads from its columns of the table
+TENSOR_PLANS = {T5Attention: ShardPlan(column=("q", "k", "v"), row=("o",), heads="n_head",
+                                       head_tables=("relative_bias",), optional=("relative_bias",)),
+                T5FFN: ShardPlan(column=("wi", "wi_0", "wi_1"), row=("wo",), optional=("wi", "wi_0", "wi_1"))}
 
 
 class T5Stack(nn.Module):
@@ -155,12 +171,16 @@ class T5Stack(nn.Module):
     def forward(self, x, mask=None, memory=None, memory_mask=None, cache: list[dict] | None = None):
         T = x.shape[1]
         past = cache[0]["self"]["k"].shape[2] if cache and "self" in cache[0] else 0
-        bias = self.blocks[0].self_attn.position_bias(T, past + T, x.device, past) + _mask_bias(mask, x.dtype)
+        bias = self.blocks[0].self_attn.position_bias(T, past + T, x.device, past)  # (1, H, T, past + T)
+        if mask is not None:
+            bias = bias + _mask_bias(mask, x.dtype)  # (B, H, T, T)
         if self.decoder:  # causal: no attending to later positions
             bias = bias + torch.triu(torch.full((T, past + T), torch.finfo(x.dtype).min, device=x.device), past + 1)
-        cross = _mask_bias(memory_mask, x.dtype) if memory is not None else None
-        if memory is not None and not torch.is_tensor(cross):
-            cross = torch.zeros(1, 1, 1, memory.shape[1], device=x.device, dtype=x.dtype)
+        # SDPA wants the bias in q's dtype: cast once for every layer, not a (B, H, T, T) copy per layer.
+        dtype = _attention_dtype(x)
+        bias = bias.to(dtype)
+        # Cross-attention has no position bias: without padding it needs no mask at all.
+        cross = None if memory_mask is None else _mask_bias(memory_mask, x.dtype).to(dtype)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x, bias, memory, cross, None if cache is None else cache[i])

@@ -6,13 +6,15 @@ last document not yet emitted (``tail``), so a resumed run emits exactly the sam
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from glm_dist.objectives.base import Objective, token_report
+from glm_dist.ops.cross_entropy import LinearCE, cross_entropy, linear_cross_entropy
+
 
 
 class TokenPacker:
@@ -34,6 +36,9 @@ class TokenPacker:
             self.tail = self.tail[self.stride:]  # advance before yielding: state is exact
             yield block
 
+    def units(self, docs: Iterable, rng_for=None) -> Iterator[np.ndarray]:
+        return self.blocks(docs)
+
     def state_dict(self) -> dict:
         return {"tail": self.tail.tolist()}
 
@@ -52,13 +57,42 @@ def prepare(blocks: list[np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy in fp32 (logits may be bf16)."""
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), batch["labels"].view(-1),
-                           ignore_index=IGNORE_INDEX)
+    """Mean next-token cross-entropy of given (B, T, vocab) logits (a pipeline's last stage), in
+    fp32 a chunk of tokens at a time (logits may be bf16)."""
+    return cross_entropy(logits, batch["labels"], reduction="mean")
 
 
-def token_losses(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-target cross-entropy (B, T), for perplexity and bits per byte."""
-    B, T, V = logits.shape
-    return F.cross_entropy(logits.float().view(-1, V), batch["labels"].view(-1),
-                           ignore_index=IGNORE_INDEX, reduction="none").view(B, T)
+def fused_nll(model, batch: dict[str, torch.Tensor]) -> LinearCE:
+    """The model's final hidden states scored against the labels through its output matrix, a
+    chunk of tokens at a time: the (B, T, vocab) logits never exist (ops/cross_entropy.py)."""
+    labels = batch["labels"]
+    return model(batch["input_ids"], project=lambda h, w, b: linear_cross_entropy(h, w, labels, bias=b))
+
+
+class CausalLM(Objective):
+    """GPT: next-token prediction over packed blocks; evaluation adds bits per byte."""
+
+    def builder(self, *, seq_len, vocab, opts, stream=0):
+        return clm_packer(seq_len, vocab.id("eot"))
+
+    def sample(self, unit, rng, *, vocab, opts):
+        return {"input_ids": unit[:-1], "labels": unit[1:]}
+
+    def loss(self, model, batch, *, metrics):
+        ce = fused_nll(model, batch)
+        mean = ce.nll / ce.count.clamp(min=1)
+        if not metrics:
+            return mean, {}
+        return mean, {"nll": ce.rows.sum().item(), "targets": ce.rows.numel(), "labels": batch["labels"]}
+
+    def report(self, totals):
+        return {**token_report(totals), "bits_per_byte": totals["nll"] / math.log(2) / max(totals["bytes"], 1)}
+
+    def stage_inputs(self, batch, device):
+        return batch["input_ids"].to(device), batch["labels"].to(device)
+
+    def stage_loss(self, logits, labels):
+        return loss(logits, {"labels": labels})
+
+
+CLM = CausalLM(name="clm", salt=1000, sums=("nll", "targets", "bytes"))

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from glm_dist.objectives.base import Objective, seq2seq_loss
+from glm_dist.objectives.packing import SentencePacker
+
 
 @dataclass(frozen=True)
 class DenoisingConfig:
@@ -77,3 +80,21 @@ def noise(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator, *, m
     labels = np.concatenate([[bos_id], tokens, [eos_id]])
     return {"input_ids": np.concatenate([[bos_id], noised, [eos_id]]), "labels": labels,
             "decoder_input_ids": np.concatenate([[eos_id], labels[:-1]])}
+
+
+class Denoising(Objective):
+    """BART: sentence permutation + text infilling; the decoder reconstructs the original."""
+
+    def builder(self, *, seq_len, vocab, opts, stream=0):
+        return SentencePacker(seq_len - 2, doc_sep=None)
+
+    def sample(self, unit, rng, *, vocab, opts):
+        tokens, starts = unit
+        return noise(tokens, starts, rng, mask_id=vocab.id("mask"), bos_id=vocab.id("bos"), eos_id=vocab.id("eos"),
+                     cfg=opts.denoising, vocab_size=vocab.size, special_ids=vocab.specials)
+
+    def loss(self, model, batch, *, metrics):
+        return seq2seq_loss(model, batch, metrics=metrics)
+
+
+DENOISING = Denoising(name="denoising", salt=1005, padded=True)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from glm_dist.objectives.mlm import IGNORE_INDEX, MaskingConfig
+from dataclasses import replace
+
+from glm_dist.objectives.base import IGNORE_INDEX, encoder_inputs, selected_nll, token_sums
+from glm_dist.objectives.mlm import MaskedLM, MaskingConfig
 
 GENERATOR_MASKING = MaskingConfig(rate=0.15, mask_frac=0.85, random_frac=0.0)
 DISCRIMINATOR_WEIGHT = 50.0
@@ -24,9 +27,12 @@ def discriminator_inputs(input_ids: torch.Tensor, labels: torch.Tensor, sampled:
     return replaced, (replaced != original).float()
 
 
-def loss(gen_logits: torch.Tensor, labels: torch.Tensor, disc_logits: torch.Tensor, disc_targets: torch.Tensor,
-         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    gen = F.cross_entropy(gen_logits.float().view(-1, gen_logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX)
+def loss(gen_logits: torch.Tensor, batch: dict[str, torch.Tensor], disc_logits: torch.Tensor,
+         disc_targets: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The generator's MLM loss over the selected positions only (their rows of the (B, T, V) logits
+    gathered, then cast to fp32; no host sync) + 50 x the discriminator's mean over real tokens."""
+    nll, count, _, _ = selected_nll(gen_logits, batch)
+    gen = nll / count.clamp(min=1)
     weight = attention_mask.float() if attention_mask is not None else torch.ones_like(disc_targets)
     disc = F.binary_cross_entropy_with_logits(disc_logits.float(), disc_targets, weight=weight, reduction="sum")
     return gen + DISCRIMINATOR_WEIGHT * disc / weight.sum()
@@ -36,3 +42,33 @@ def rate_for(flavor: str) -> float:
     """Generator mask rate: 25% for ELECTRA-large, 15% otherwise (the paper's appendix)."""
     return 0.25 if flavor.endswith("large") else 0.15
 
+
+
+class ReplacedTokenDetection(MaskedLM):
+    """ELECTRA: the generator's MLM input from FULL-SENTENCES units; the discriminator's targets
+    come from the generator's samples inside the model."""
+
+    def masking(self, opts) -> MaskingConfig:
+        return replace(GENERATOR_MASKING, rate=opts.masking.rate, whole_word=opts.masking.whole_word)
+
+    def loss(self, model, batch, *, metrics):
+        out = model(batch["input_ids"], batch["labels"], masked_positions=batch.get("masked_positions"),
+                    **{k: v for k, v in encoder_inputs(batch).items() if k != "input_ids"})
+        total = loss(out["gen_logits"], batch, out["disc_logits"], out["disc_targets"], batch.get("attention_mask"))
+        if not metrics:
+            return total, {}
+        nll, _, picked, targets = selected_nll(out["gen_logits"], batch)
+        real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(batch["labels"]).bool()
+        disc_right = ((out["disc_logits"] > 0).float() == out["disc_targets"])[real]
+        return total, {**token_sums(nll, picked, targets), "disc_tokens": int(real.sum()),
+                       "disc_correct": int(disc_right.sum())}
+
+    def report(self, totals):
+        return {**super().report(totals), "replaced_accuracy": totals["disc_correct"] / max(totals["disc_tokens"], 1)}
+
+    def stage_inputs(self, batch, device):
+        raise NotImplementedError(f"objective {self.name} does not run in a pipeline")
+
+
+ELECTRA = ReplacedTokenDetection(name="electra", salt=1006, padded=True,
+                                 sums=("nll", "targets", "correct", "disc_tokens", "disc_correct"))

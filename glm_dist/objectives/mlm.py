@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from glm_dist.objectives.base import (IGNORE_INDEX, Objective, encoder_inputs, masked_positions, selected_nll,
+                                      token_sums)
+from glm_dist.objectives.packing import SentencePacker
+from glm_dist.ops.cross_entropy import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -112,11 +114,41 @@ def _random_ordinary(rng: np.random.Generator, n: int, vocab_size: int, special_
     return out
 
 
-def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the selected positions."""
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX)
+def encoder_stage_inputs(batch: dict[str, torch.Tensor], device) -> tuple:
+    """A pipelined encoder's first stage takes (ids, attention mask) -- all ones when nothing was
+    padded, so every micro batch sends the same tensors between stages -- and its last the labels."""
+    ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
+    mask = batch.get("attention_mask")
+    return (ids, torch.ones_like(ids) if mask is None else mask.to(device).long()), labels
 
 
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    chosen = labels != IGNORE_INDEX
-    return (logits.argmax(-1)[chosen] == labels[chosen]).float().mean()
+class MaskedLM(Objective):
+    """RoBERTa: FULL-SENTENCES units ``[CLS] ... [SEP]``, dynamically masked."""
+
+    def builder(self, *, seq_len, vocab, opts, stream=0):
+        return SentencePacker(seq_len - 2, doc_sep=vocab.id("sep"))
+
+    def masking(self, opts) -> MaskingConfig:
+        return opts.masking
+
+    def sample(self, unit, rng, *, vocab, opts):
+        tokens, _ = unit
+        framed = np.concatenate([[vocab.id("cls")], tokens, [vocab.id("sep")]])
+        inputs, labels = mask_tokens(framed, rng, cfg=self.masking(opts), mask_id=vocab.id("mask"),
+                                     vocab_size=vocab.size, special_ids=vocab.specials, word_starts=vocab.word_starts)
+        return {"input_ids": inputs, "labels": labels, **masked_positions(labels)}
+
+    def loss(self, model, batch, *, metrics):
+        out = model(**encoder_inputs(batch))
+        nll, count, picked, targets = selected_nll(out["logits"], batch)
+        return nll / count.clamp(min=1), token_sums(nll, picked, targets) if metrics else {}
+
+    def stage_inputs(self, batch, device):
+        return encoder_stage_inputs(batch, device)
+
+    def stage_loss(self, logits, labels):
+        """Mean over the masked positions; the others cost a chunk's log-sum-exp and get no gradient."""
+        return cross_entropy(logits, labels, reduction="mean")
+
+
+MLM = MaskedLM(name="mlm", salt=1001, padded=True)

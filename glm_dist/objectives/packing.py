@@ -20,7 +20,7 @@ class SentencePacker:
         self.pending: list[np.ndarray] = []  # sentences read but not yet emitted, in order
         self.pending_new_doc: list[bool] = []  # whether each pending sentence starts a document
 
-    def units(self, docs: Iterable) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def units(self, docs: Iterable, rng_for=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         docs = iter(docs)
         while True:
             while sum(map(len, self.pending)) + len(self.pending) < self.capacity + 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-IGNORE_INDEX = -100
+from glm_dist.objectives.base import IGNORE_INDEX
 
 
 def plm_inputs(tokens: np.ndarray, rng: np.random.Generator, *, special_ids: np.ndarray,
@@ -32,7 +32,32 @@ def plm_inputs(tokens: np.ndarray, rng: np.random.Generator, *, special_ids: np.
     perm = np.empty(n, dtype=np.int64)
     perm[order] = np.arange(n)  # factorisation position of each token
     perm = np.where(masked, perm, -1)  # context tokens come first: everyone may see them
-    perm_mask = (perm[:, None] <= perm[None, :]) & masked[:, None]
-    # target_mapping over all positions, as the reference collator (labels say which are predicted)
+    perm_mask = (perm[:, None] <= perm[None, :]) & masked[None, :]  # i may not see target j ordered at or after it
+    # target_mapping: one row per predicted position (XLNet's num_predict), so the query stream runs
+    # for those only; the reference collator's eye(n) would run it for every position
+    positions = np.flatnonzero(masked)
+    target_mapping = np.zeros((len(positions), n), dtype=np.float32)
+    target_mapping[np.arange(len(positions)), positions] = 1.0
     return {"input_ids": tokens, "labels": labels, "perm_mask": perm_mask.astype(np.float32),
-            "target_mapping": np.eye(n, dtype=np.float32)}
+            "target_mapping": target_mapping, "target_labels": tokens[positions]}
+
+
+def two_part_inputs(tokens: np.ndarray, token_type_ids: np.ndarray, reuse_len: int, rng: np.random.Generator, *,
+                    special_ids: np.ndarray, plm_probability: float = 1 / 6, max_span: int = 5) -> dict[str, np.ndarray]:
+    """XLNet's pretraining layout (data_utils.py ``_local_perm`` on each part): the first
+    ``reuse_len`` positions (what the next segment keeps as memory) and the rest are permuted
+    separately; the reused part never sees the rest -- its states become the next segment's memory
+    and must not carry this segment's later tokens -- while the rest sees all of the reused part."""
+    first = plm_inputs(tokens[:reuse_len], rng, special_ids=special_ids, plm_probability=plm_probability,
+                       max_span=max_span)
+    rest = plm_inputs(tokens[reuse_len:], rng, special_ids=special_ids, plm_probability=plm_probability,
+                      max_span=max_span)
+    n, r = len(tokens), reuse_len
+    perm_mask = np.zeros((n, n), dtype=np.float32)
+    perm_mask[:r, :r], perm_mask[:r, r:], perm_mask[r:, r:] = first["perm_mask"], 1.0, rest["perm_mask"]
+    mapping = np.zeros((len(first["target_mapping"]) + len(rest["target_mapping"]), n), dtype=np.float32)
+    mapping[:len(first["target_mapping"]), :r] = first["target_mapping"]
+    mapping[len(first["target_mapping"]):, r:] = rest["target_mapping"]
+    return {"input_ids": tokens, "labels": np.concatenate([first["labels"], rest["labels"]]),
+            "perm_mask": perm_mask, "target_mapping": mapping, "token_type_ids": token_type_ids,
+            "target_labels": np.concatenate([first["target_labels"], rest["target_labels"]])}

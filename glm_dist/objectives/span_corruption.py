@@ -9,10 +9,10 @@ count down from the top of the vocabulary (``<extra_id_0>`` is the highest id).
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from glm_dist.objectives.base import Objective, seq2seq_loss
+from glm_dist.objectives.clm import TokenPacker
+
 
 
 def _lengths(raw_len: int, density: float, mean_span: float) -> tuple[int, int]:
@@ -68,5 +68,20 @@ def shift_right(labels: np.ndarray, start_id: int) -> np.ndarray:
     return np.concatenate([[start_id], labels[:-1]])
 
 
-def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE_INDEX)
+class SpanCorruption(Objective):
+    """T5: raw blocks sized so the corrupted input is exactly ``seq_len``; targets are the spans."""
+
+    def builder(self, *, seq_len, vocab, opts, stream=0):
+        raw, _ = raw_length_for(seq_len, density=opts.noise_density, mean_span=opts.mean_span)
+        return TokenPacker(raw, sep=None)
+
+    def sample(self, unit, rng, *, vocab, opts):
+        inputs, targets = corrupt(unit, rng, sentinels=vocab.ids["sentinels"], eos_id=vocab.id("eos"),
+                                  density=opts.noise_density, mean_span=opts.mean_span)
+        return {"input_ids": inputs, "labels": targets, "decoder_input_ids": shift_right(targets, vocab.id("pad"))}
+
+    def loss(self, model, batch, *, metrics):
+        return seq2seq_loss(model, batch, metrics=metrics)
+
+
+SPAN_CORRUPTION = SpanCorruption(name="span_corruption", salt=1004)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from glm_dist.config.loader import to_dict
 from glm_dist.config.schema import Config
+from glm_dist.observability.redact import redact
 
 
 class RunLogger:
@@ -37,9 +38,18 @@ class RunLogger:
         """A resumed run drops the lines a crashed run wrote after its last checkpoint (a train row's
         step counts steps done; validation at ``start_step`` is run again on resume)."""
         if self.metrics_file.exists():
-            rows = [(line, json.loads(line)) for line in self.metrics_file.read_text().splitlines() if line.strip()]
-            keep = [line for line, row in rows
-                    if row["step"] < start_step or (row["step"] == start_step and row["kind"] == "train")]
+            rows = []
+            for n, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
+                try:
+                    row = json.loads(line) if line.strip() else None
+                except json.JSONDecodeError:  # a crash mid-append leaves a partial last line
+                    row = None
+                    self.message(f"warning: {self.metrics_file}:{n} is not a complete JSON row (a crash "
+                                 f"mid-write?); dropped")
+                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                    rows.append((line, row))
+            keep = [line for line, row in rows  # (in-loop task scores at start_step are not run again)
+                    if row["step"] < start_step or (row["step"] == start_step and row.get("kind") in ("train", "tasks"))]
             self.metrics_file.write_text("".join(line + "\n" for line in keep))
 
     def _init_wandb(self, attachments: dict):
@@ -53,12 +63,16 @@ class RunLogger:
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         os.environ.setdefault("WANDB_SILENT", "true")
-        run = wandb.init(project=lc.project, entity=lc.entity, name=lc.run_name or self.out_dir.name,
-                         group=lc.group, tags=list(lc.tags), dir=str(self.out_dir), id=run_id,
-                         resume="allow", mode=mode, config=to_dict(self.cfg))
+        argv, sys.argv = sys.argv, redact(sys.argv)  # W&B records the command line with the run
+        try:
+            run = wandb.init(project=lc.project, entity=lc.entity, name=redact(lc.run_name or self.out_dir.name),
+                             group=redact(lc.group), tags=redact(list(lc.tags)), dir=str(self.out_dir), id=run_id,
+                             resume="allow", mode=mode, config=redact(to_dict(self.cfg)))
+        finally:
+            sys.argv = argv
         for name, payload in attachments.items():  # e.g. the data manifest
             path = self.out_dir / name
-            path.write_text(json.dumps(payload, indent=2))
+            path.write_text(json.dumps(redact(payload), indent=2))
             run.save(str(path), base_path=str(self.out_dir), policy="now")
         return run
 
@@ -87,6 +101,30 @@ class RunLogger:
         self.message(f"step {step}: validation loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}{extra}")
         if self.wandb_run is not None:
             self.wandb_run.log({f"val/{k}": v for k, v in metrics.items()}, step=step)
+
+    def data(self, step: int, counts: dict) -> None:
+        """The data reads of all ranks so far (``data`` row, W&B's ``data/...``), logged at validation;
+        documents that could not be read are named in the log."""
+        if not self.is_main:
+            return
+        self._append({"kind": "data", "step": step, **counts})
+        if counts.get("skipped_documents") or counts.get("skipped_shards"):
+            self.message(f"step {step}: data: {counts['skipped_documents']} document read(s) failed after retries "
+                         f"on all ranks so far (their tokens padded), {counts['skipped_shards']} shard(s) skipped; "
+                         f"each rank's log names the shards")
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"data/{k}": v for k, v in counts.items()}, step=step)
+
+    def tasks(self, step: int, metrics: dict | None) -> None:
+        """An in-loop lm-eval evaluation (``eval/in_loop.py``): a ``tasks`` row and W&B's ``tasks/...``."""
+        if not self.is_main or metrics is None:
+            return
+        self._append({"kind": "tasks", "step": step, **metrics})
+        scores = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
+                           if "/" in k and "stderr" not in k and not k.endswith("/ranks"))
+        self.message(f"step {step}: {scores} ({metrics['seconds']:.1f} s)")
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"tasks/{k}": v for k, v in metrics.items()}, step=step)
 
     def message(self, text: str) -> None:
         if not self.is_main:

@@ -19,6 +19,7 @@ def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config
 
 
 def set_lr(engine, lr: float) -> None:
-    """Set the LR on every parameter group (ZeRO optimizers expose the wrapped groups)."""
+    """Set the LR on every parameter group, times its ``lr_scale`` where it has one (discriminative
+    fine-tuning, transfer/tricks.py; ZeRO optimizers expose the wrapped groups with their keys)."""
     for group in engine.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

@@ -19,23 +19,23 @@ import torch
 from torch import nn
 
 
-def _draw(name: str, shape: torch.Size, *, family: str, n_layer: int, seed: int) -> torch.Tensor:
-    """The family's initial value of the unsplit parameter ``name`` (GPT-2's rule for GPT; the
-    BERT rule for encoders), from a generator of its own."""
+def _draw(name: str, shape: torch.Size, *, scaled_residual: bool, n_layer: int, seed: int) -> torch.Tensor:
+    """The initial value of the unsplit parameter ``name`` (normal, std 0.02; GPT-2's scaled
+    residual projections with ``scaled_residual``), from a generator of its own."""
     *path, leaf = name.split(".")
     if path and "ln" in path[-1]:  # LayerNorm gain and bias (ln_1, ln_f, ln_attn, ...)
         return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
     if leaf == "bias":
         return torch.zeros(shape)
     std = 0.02
-    if family == "gpt" and name.endswith("proj.weight"):  # residual projections, GPT-2's scaling
+    if scaled_residual and name.endswith("proj.weight"):  # residual projections, GPT-2's scaling
         std = 0.02 / math.sqrt(2 * n_layer)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     return torch.randn(shape, generator=gen) * std
 
 
 @torch.no_grad()
-def init_stage(module: nn.Module, rename, *, family: str, n_layer: int, seed: int) -> int:
+def init_stage(module: nn.Module, rename, *, scaled_residual: bool, n_layer: int, seed: int) -> int:
     """Initialise every parameter of this stage's ``module`` (full layers, before tensor slicing)
     under its unsplit name (``rename``); returns how many were set."""
     count = 0
@@ -43,6 +43,37 @@ def init_stage(module: nn.Module, rename, *, family: str, n_layer: int, seed: in
         name = rename(key)
         if name is None:
             raise KeyError(f"pipeline parameter {key!r} has no name in the unsplit model")
-        p.copy_(_draw(name, p.shape, family=family, n_layer=n_layer, seed=seed))
+        p.copy_(_draw(name, p.shape, scaled_residual=scaled_residual, n_layer=n_layer, seed=seed))
         count += 1
     return count
+
+
+@torch.no_grad()
+def init_whole(module: nn.Module, *, scaled_residual: bool, n_layer: int, seed: int) -> int:
+    """``train.init=local`` without pipeline stages: every parameter of the whole model drawn by the
+    same per-parameter rule (so one process starts where a ZeRO-3 run built with
+    :func:`partitioned_build` starts)."""
+    return init_stage(module, lambda key: key, scaled_residual=scaled_residual, n_layer=n_layer, seed=seed)
+
+
+@torch.no_grad()
+def partitioned_build(build, ds_config: dict, *, scaled_residual: bool, n_layer: int, seed: int) -> nn.Module:
+    """ZeRO-3 without a whole-model build: ``build()`` runs under ``deepspeed.zero.Init``, which
+    partitions each module's parameters over the data-parallel ranks as soon as the module exists
+    (a rank never holds more than one module's parameters whole), then every rank sets its own
+    partition of each parameter from the per-parameter rule -- drawing the whole tensor one parameter
+    at a time and keeping its slice, with no communication. The weights equal :func:`init_whole`'s."""
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        module = build()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for name, p in module.named_parameters():
+        part = p.ds_tensor  # this rank's partition: elements [rank * n, (rank + 1) * n) of the flat, padded tensor
+        n = part.ds_numel
+        flat = _draw(name, p.ds_shape, scaled_residual=scaled_residual, n_layer=n_layer, seed=seed).reshape(-1)
+        mine = flat[rank * n:(rank + 1) * n]
+        part.data.zero_()
+        part.data[:mine.numel()].copy_(mine.to(part.dtype))
+    return module

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.bert import Encoder, EncoderBlock, EncoderEmbedding
+from glm_dist.models.bert import Encoder, EncoderBlock, EncoderEmbedding, pipeline_refusal
 from glm_dist.models.gpt import GPT, GPTBlock, GPTEmbedding
-from glm_dist.objectives import clm
-from glm_dist.objectives.mlm import IGNORE_INDEX
+from glm_dist.objectives.base import IGNORE_INDEX, token_report
+from glm_dist.parallel import comm
+from glm_dist.parallel.tensor import output_logits
 
 TIED = "embed"
 
@@ -38,12 +38,7 @@ class TiedOutput(nn.Module):
 
 
 def _logits(module: TiedOutput, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.wte.weight)
-
-
-def clm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy, exactly ``objectives.clm.token_losses(...).mean()``."""
-    return clm.token_losses(logits, {"labels": labels}).mean()
+    return output_logits(module.wte, x)  # this rank's vocabulary columns when the embedding is split
 
 
 PARTITIONS = {"blocks": "type:{block}", "parameters": "parameters"}
@@ -72,7 +67,7 @@ def check_partition(specs: list, stages: int, method: str, block: type) -> list[
     return parts
 
 
-def _fill(model: nn.Module, pipe: nn.Module, rename, family: str, local_seed: int | None) -> None:
+def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, scaled_residual: bool) -> None:
     """The stage's weights: copied from the whole model, or (``local_seed``) drawn per parameter
     without it (``parallel/init.py``)."""
     if local_seed is None:
@@ -80,11 +75,11 @@ def _fill(model: nn.Module, pipe: nn.Module, rename, family: str, local_seed: in
     else:
         from glm_dist.parallel.init import init_stage
 
-        init_stage(pipe, rename, family=family, n_layer=model.cfg.n_layer, seed=local_seed)
+        init_stage(pipe, rename, scaled_residual=scaled_residual, n_layer=model.cfg.n_layer, seed=local_seed)
 
 
-def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition: str = "blocks", checkpoint_interval: int = 0,
-                 local_seed: int | None = None):
+def gpt_pipeline(model: GPT, *, stages: int, loss_fn, topology=None, partition: str = "blocks",
+                 checkpoint_interval: int = 0, local_seed: int | None = None):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
@@ -98,9 +93,10 @@ def gpt_pipeline(model: GPT, *, stages: int, topology=None, partition: str = "bl
                            tied_weight_attr=["wte.weight"])]
     check_partition(specs, stages, partition, GPTBlock)
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=clm_loss, partition_method=PARTITIONS[partition].format(block="GPTBlock"),
-                          activation_checkpoint_interval=checkpoint_interval)
-    _fill(model, pipe, lambda key: _source_name(key, cfg.n_layer), "gpt", local_seed)
+                          loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block="GPTBlock"),
+                          activation_checkpoint_interval=checkpoint_interval,
+                          checkpointable_layers=["GPTBlock"])  # not the embedding: its input is token ids
+    _fill(model, pipe, lambda key: gpt_source_name(key, cfg.n_layer), local_seed, scaled_residual=True)
     mark_for_grad_norm(pipe)
     return pipe
 
@@ -131,14 +127,14 @@ def _unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | No
     return None if prefix is None else prefix + rest
 
 
-def _source_name(key: str, n_layer: int) -> str | None:
+def gpt_source_name(key: str, n_layer: int) -> str | None:
     """GPT: the final LayerNorm follows the blocks."""
     return _unpipelined_name(key, n_layer, {1: "head.ln_f."})
 
 
 def copy_weights(model: nn.Module, pipe: nn.Module, rename=None) -> None:
     """Give this stage's layers the whole model's weights (the tied output uses the embedding)."""
-    rename = rename or (lambda key: _source_name(key, model.cfg.n_layer))
+    rename = rename or (lambda key: gpt_source_name(key, model.cfg.n_layer))
     source = model.state_dict()
     target = pipe.state_dict()
     for key in target:
@@ -158,26 +154,30 @@ class NonFiniteGuard:
     ``train_batch``. The last stage's loss function notes a non-finite micro-batch loss; just before
     the step (the schedule's OptimizerStep, which every stage reaches) the ranks agree on it with an
     all-reduce, and the optimizer's ``skip_next`` leaves weights and moments untouched -- the same
-    mechanism as the unpipelined loop."""
+    mechanism as the unpipelined loop. The same all-reduce agrees on a stop signal (``stop()``)."""
 
-    def __init__(self, engine, optimizer):
+    def __init__(self, engine, optimizer, *, stop=lambda: False):
         from deepspeed.runtime.pipe.schedule import OptimizerStep
 
-        from glm_dist.parallel.distributed import all_reduce
-
-        self.seen_bad, self.skipped = False, False
+        self.seen_bad: torch.Tensor | None = None  # on the device: no host sync per micro batch
+        self.skipped = self.stop_requested = False
         inner = engine.module.loss_fn
 
         def loss_fn(outputs, labels):
             loss = inner(outputs, labels)
-            self.seen_bad |= not bool(torch.isfinite(loss.detach()).all())
+            bad = (~torch.isfinite(loss.detach())).any()
+            self.seen_bad = bad if self.seen_bad is None else self.seen_bad | bad
             return loss
 
         step = type(engine)._INSTRUCTION_MAP[OptimizerStep]
 
         def guarded_step(engine_self, *args, **kwargs):
-            self.skipped = all_reduce([float(self.seen_bad)], "max")[0] > 0
-            self.seen_bad = False
+            flags = torch.tensor([0.0, float(stop())], device=engine.device)  # [non-finite loss, stop signal]
+            if self.seen_bad is not None:
+                flags[0] += self.seen_bad.float()
+            bad, stopping = comm.all_reduce_(flags, "max").tolist()  # the step's one host sync
+            self.skipped, self.stop_requested = bad > 0, stopping > 0
+            self.seen_bad = None
             optimizer.skip_next = self.skipped
             try:
                 return step(engine_self, *args, **kwargs)
@@ -188,57 +188,23 @@ class NonFiniteGuard:
         engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, OptimizerStep: guarded_step}
 
 
-def pipeline_validate(engine, batches, byte_lengths: torch.Tensor, objective: str = "clm") -> dict[str, float]:
+def pipeline_validate(engine, batches, byte_lengths: torch.Tensor, objective) -> dict[str, float]:
     """Validation through the pipeline: each batch's mean loss (DeepSpeed broadcasts it to every
     stage) times its target count; sums over all ranks (every stage of a pipeline adds the same
-    numbers, which cancels in the ratios). CLM adds bits per byte."""
-    from glm_dist.parallel.distributed import all_reduce
-
+    numbers, which cancels in the ratios). Bits per byte where the objective reports them."""
     nll = targets = nbytes = 0.0
     for batch, weight in batches:
-        inputs, labels = pipeline_inputs(objective, batch, engine.device)
+        inputs, labels = objective.stage_inputs(batch, engine.device)
         loss = engine.eval_batch(iter([(inputs, labels)]), num_micro_batches=1)
         chosen = labels != IGNORE_INDEX
         n = int(chosen.sum())
         nll += weight * float(loss) * n
         targets += weight * n
         nbytes += weight * byte_lengths[labels[chosen].cpu()].sum().item()
-    nll, targets, nbytes = all_reduce([nll, targets, nbytes])
-    loss = nll / max(targets, 1)
-    out = {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(targets)}
-    if objective == "clm":
+    nll, targets, nbytes = comm.all_reduce_values([nll, targets, nbytes])
+    out = token_report({"nll": nll, "targets": targets})
+    if "bytes" in objective.sums:
         out["bits_per_byte"] = nll / math.log(2) / max(nbytes, 1)
-    return out
-
-
-def pipeline_inputs(objective: str, batch: dict[str, torch.Tensor], device) -> tuple:
-    """A loader batch as the pipeline's (first-stage inputs, last-stage labels). The encoder's
-    inputs always carry an attention mask (all ones when nothing was padded) so every micro batch
-    sends the same tensors between stages."""
-    ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
-    if objective == "clm":
-        return ids, labels
-    mask = batch.get("attention_mask")
-    mask = torch.ones_like(ids) if mask is None else mask.to(device).long()
-    return (ids, mask), labels
-
-
-def pipeline_state_dict(state_dir, n_layer: int) -> dict[str, torch.Tensor]:
-    """The unpipelined GPT state dict from a pipelined checkpoint's per-layer files
-    (``layer_XX-model_00-model_states.pt``, the module weights each stage saved), with the output
-    projection tied to the token embedding again."""
-    from pathlib import Path
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(state_dir).glob("layer_*-model_00-model_states.pt")):
-        idx = int(f.name.split("-")[0].split("_")[1])
-        for key, value in torch.load(f, map_location="cpu", weights_only=True).items():
-            name = _source_name(f"tied_modules.{TIED}.{key}" if idx == 0 else f"{idx}.{key}", n_layer)
-            if name is not None:
-                out[name] = value
-    if "embed.wte.weight" not in out:
-        raise FileNotFoundError(f"{state_dir}: no layer_00 file with the token embedding")
-    out["head.lm_head.weight"] = out["embed.wte.weight"]
     return out
 
 
@@ -246,9 +212,6 @@ def pipeline_state_dict(state_dir, n_layer: int) -> dict[str, torch.Tensor]:
 # Layer list: the embedding (tied), n_layer blocks, the MLM transform (dense, activation,
 # LayerNorm), the decoder projection (tied to the word embedding) and the decoder bias. Between
 # stages travel the hidden states and the (B, T) attention mask.
-PIPELINE_ENCODERS = ("bert", "roberta")
-
-
 class PipeEncoderBlock(EncoderBlock):
     """An encoder block that takes and returns (hidden, attention mask)."""
 
@@ -296,13 +259,7 @@ def _embed(module: EncoderEmbedding, inputs):
 
 
 def _decode(module: TiedWord, x):
-    return F.linear(x, module.word.weight)
-
-
-def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over the masked positions (as ``objectives.steps`` for mlm)."""
-    chosen = labels != IGNORE_INDEX
-    return F.cross_entropy(logits.float()[chosen], labels[chosen], reduction="sum") / chosen.sum().clamp(min=1)
+    return output_logits(module.word, x)
 
 
 def encoder_source_name(key: str, n_layer: int) -> str | None:
@@ -310,14 +267,14 @@ def encoder_source_name(key: str, n_layer: int) -> str | None:
     return _unpipelined_name(key, n_layer, {1: "head.mlm.", 3: "head.mlm.decoder."})
 
 
-def encoder_pipeline(model: Encoder, *, stages: int, topology=None, partition: str = "blocks",
+def encoder_pipeline(model: Encoder, *, stages: int, loss_fn, topology=None, partition: str = "blocks",
                      checkpoint_interval: int = 0, local_seed: int | None = None):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     cfg = model.cfg
-    if cfg.share != "none" or cfg.head != "mlm" or cfg.emb != cfg.d_model:
-        raise ValueError("the encoder pipeline runs BERT/RoBERTa-style encoders with an MLM head and unshared, "
-                         "unfactorised layers (not ALBERT's sharing or NSP/SOP heads)")
+    refusal = pipeline_refusal(cfg)
+    if refusal:
+        raise ValueError(refusal)
     specs = [TiedLayerSpec(TIED, EncoderEmbedding, cfg, forward_fn=_embed, tied_weight_attr=["word.weight"]),
              *[LayerSpec(PipeEncoderBlock, cfg) for _ in range(cfg.n_layer)],
              LayerSpec(MLMTransform, cfg),
@@ -325,8 +282,9 @@ def encoder_pipeline(model: Encoder, *, stages: int, topology=None, partition: s
              LayerSpec(DecoderBias, cfg.vocab_size)]
     check_partition(specs, stages, partition, EncoderBlock)
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=mlm_loss, partition_method=PARTITIONS[partition].format(block="EncoderBlock"),
-                          activation_checkpoint_interval=checkpoint_interval)
-    _fill(model, pipe, lambda key: encoder_source_name(key, cfg.n_layer), "encoder", local_seed)
+                          loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block="EncoderBlock"),
+                          activation_checkpoint_interval=checkpoint_interval,
+                          checkpointable_layers=["PipeEncoderBlock"])  # not the embedding: its input is token ids
+    _fill(model, pipe, lambda key: encoder_source_name(key, cfg.n_layer), local_seed, scaled_residual=False)
     mark_for_grad_norm(pipe)
     return pipe

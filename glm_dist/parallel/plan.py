@@ -5,17 +5,24 @@ Model states follow DeepSpeed's own accounting for mixed-precision Adam (its
 16-bit grads, fp32 grads, fp32 master weights and Adam moments; ZeRO-1 partitions the fp32 states,
 ZeRO-2 the 16-bit grads too, ZeRO-3 everything (plus 4 bytes per parameter of the largest layer,
 gathered while it runs); offload moves the partitioned states (and with ``offload_params`` the
-weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead.
+weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead. bf16 with ZeRO-1 (no
+offload) is DeepSpeed's BF16_Optimizer, which partitions only the master weights and moments: every rank
+holds 2 + 2 + 4 bytes per parameter of weights, bf16 gradients and fp32 gradient accumulation buffer.
 
 With pipeline parallelism a rank holds one stage's parameters (the layers split evenly by count, as
 glm train partitions them; the tied token embedding sits on the first and the last stage); with tensor
 parallelism the transformer blocks are split ``tp`` ways (attention heads and FFN width, as glm train's
-``parallel/tensor.py`` splits them) while the embedding, the output head and the fp32 logits stay whole on
-every tensor rank. Activations per layer and micro-batch follow Korthikanti et al. (2022) for
-a fused-attention transformer (no s x s score matrix kept): ``s*b*h*(10 + 24/tp)`` bytes in 16-bit,
-``2*s*b*h`` with activation checkpointing (the layer input) plus one layer recomputed; the first
-pipeline stage keeps ``min(pp, m)`` micro-batches in flight under 1F1B, and the last stage the fp32
-logits. The pipeline bubble of 1F1B is ``(p - 1) / (m + p - 1)``.
+``parallel/tensor.py`` splits them), and -- vocabulary-parallel, glm train's default where the family
+supports it -- the token embedding, its tied output and the loss's logits too (``ceil(V/tp)`` columns
+per rank); without it they stay whole on every tensor rank. Activations per layer and micro-batch follow
+Korthikanti et al. (2022) for a fused-attention transformer (no s x s score matrix kept):
+``s*b*h*(10 + 24/tp)`` bytes in 16-bit, ``s*b*h*34/tp`` with sequence parallelism (the LayerNorm and
+dropout regions cut too), ``2*s*b*h`` with activation checkpointing (the layer input; ``/tp`` with
+sequence parallelism) plus one layer recomputed; the first
+pipeline stage keeps ``min(pp, m)`` micro-batches in flight under 1F1B, and the last stage the loss:
+one chunk of fp32 logits (``ops/cross_entropy.py``'s chunk size), plus -- when the model's head
+feeds the fused loss (one stage) -- the output matrix's gradient, or -- otherwise -- the whole
+16-bit logits and their gradient. The pipeline bubble of 1F1B is ``(p - 1) / (m + p - 1)``.
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from glm_dist.ops.cross_entropy import CHUNK_TOKENS, loss_logits_bytes
 
 GB = 2**30
 
@@ -38,20 +47,36 @@ class ModelShape:
     d_model: int
     ffn: int
     vocab: int
+    max_pp: int = 0  # most pipeline stages glm train can cut (1: the family does not pipeline; 0: n_layer)
+    max_tp: int = 0  # most tensor ranks (1: the family does not tensor-split; 0: any divisor)
+    fused_loss: bool = False  # the loss projects the hidden states itself: no whole logits unpipelined
+    vocab_units: tuple = ()  # of each unit's parameters, those split over the vocabulary under tensor parallelism
+    tensor_units: tuple = ()  # of each unit's parameters, those split by heads / FFN width (the family's tensor plans)
+    sequence_parallel: bool = False  # the family's blocks can be cut along the sequence
 
 
 def model_shape(family: str, model_cfg) -> ModelShape:
-    from glm_dist.models.registry import build_model
+    from glm_dist.models.registry import build_model, family as family_spec
+
+    from glm_dist.parallel.tensor import tensor_parameters, vocab_parameters
 
     with torch.device("meta"):
         model = build_model(family, model_cfg)
     params = sum(p.numel() for p in model.parameters())
     units = [sum(p.numel() for p in u.parameters()) for u in _units(model)]
+    spec = family_spec(family)
+    split = {id(p) for p in vocab_parameters(model)} if spec.vocab_parallel else set()
+    vocab_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in split) for u in _units(model))
+    heads = {id(p) for p in tensor_parameters(model)}
+    tensor_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in heads) for u in _units(model))
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    stacks = 2 if family in ("t5", "bart") else 1
+    stacks = family_spec(family).stacks  # encoder-decoders count both stacks
     ffn = getattr(model_cfg, "d_ff", None) or 4 * model_cfg.d_model
     return ModelShape(params, units, largest, model_cfg.n_layer * stacks, model_cfg.n_head, model_cfg.d_model,
-                      ffn, model_cfg.vocab_size)
+                      ffn, model_cfg.vocab_size, max_pp=0 if spec.pipeline else 1, max_tp=0 if spec.tensor_parallel else 1,
+                      fused_loss=getattr(model, "fused_loss", False), vocab_units=vocab_units,
+                      tensor_units=tensor_units if spec.tensor_parallel else (),
+                      sequence_parallel=spec.sequence_parallel)
 
 
 def _units(model: nn.Module) -> list[nn.Module]:
@@ -86,23 +111,34 @@ def stage_params(units: list[int], stages: int) -> list[int]:
     return out + [0] * (stages - len(out))
 
 
-def stage_params_by_layers(units: list[int], stages: int, tp: int = 1) -> list[float]:
+def stage_params_by_layers(units: list[int], stages: int, tp: int = 1, vocab_units=(), tensor_units=()) -> list[float]:
     """Parameters per stage (per tensor rank) when the layers between the first unit (embedding) and
     the last (head) are split evenly by count -- glm train's partition (DeepSpeed ``type:GPTBlock``);
-    tensor parallelism splits the layers, not the embedding or head."""
-    inner = [u / tp for u in units[1:-1]]
+    tensor parallelism splits of each layer its ``tensor_units`` parameters (the linears and head tables
+    the family's plans split; none given: the whole layer), and of the embedding and head the
+    ``vocab_units`` parameters (the vocabulary split; none: they stay whole)."""
+    split = tensor_units[1:-1] if tensor_units else units[1:-1]
+    inner = [u - t + t / tp for u, t in zip(units[1:-1], split)]
     bounds = [round(len(inner) * i / stages) for i in range(stages + 1)]
     out = [sum(inner[bounds[i]:bounds[i + 1]]) for i in range(stages)]
-    out[0] += units[0]
-    out[-1] += units[-1] if len(units) > 1 else 0
+    ends = [u - v + v / tp for u, v in zip(units, vocab_units)] if vocab_units else units
+    out[0] += ends[0]
+    out[-1] += ends[-1] if len(units) > 1 else 0
     return out
 
 
-def params_per_rank(shape: ModelShape, pp: int, tp: int) -> float:
+def params_per_rank(shape: ModelShape, pp: int, tp: int, *, vocab_parallel: bool = True) -> float:
     """Parameters on the fullest rank: its stage's share of the layers (split ``tp`` ways) plus the
-    embedding / head its stage holds; unpipelined, the tied output weight is the embedding itself."""
-    most = max(stage_params_by_layers(shape.units, pp, tp))
-    return most - (sum(shape.units) - shape.params) if pp == 1 else most
+    embedding / head its stage holds (their vocabulary rows split ``tp`` ways too, ``vocab_parallel``
+    and the family permitting); unpipelined, the tied output weight is the embedding itself."""
+    vocab = shape.vocab_units if vocab_parallel and tp > 1 else ()
+    most = max(stage_params_by_layers(shape.units, pp, tp, vocab, shape.tensor_units))
+    return most - (sum(shape.units) - shape.params) / (tp if any(vocab) else 1) if pp == 1 else most
+
+
+def vocab_columns(shape: ModelShape, tp: int, *, vocab_parallel: bool = True) -> int:
+    """Columns of the logits (and rows of the output matrix) a tensor rank holds."""
+    return -(-shape.vocab // tp) if vocab_parallel and any(shape.vocab_units) else shape.vocab
 
 
 @dataclass
@@ -120,6 +156,7 @@ class Layout:
     cpu: float = 0.0  # bytes of CPU memory per GPU (offload)
     bubble: float = 0.0
     micro_batches: int = 1
+    sequence_parallel: bool = False  # the LayerNorm / dropout regions cut along the sequence (tp > 1, no pipeline)
 
     @property
     def model_states(self) -> float:
@@ -135,6 +172,8 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
 
     bf16 (DeepSpeed's 18 bytes beside the 16-bit weights): grads 2 (16-bit) + 4 (fp32), optimizer
     4 (fp32 master) + 8 (Adam moments). fp32: weights 4, grads 4, moments 8."""
+    if precision == "bf16" and zero == 1 and offload == "none":
+        return bf16_optimizer_bytes(params, dp)
     w16, g16, g32, states = (4, 4, 0, 8) if precision == "fp32" else (2, 2, 4, 12)
     if zero == 0:
         return w16 * params, (g16 + g32) * params, states * params, 0.0
@@ -155,35 +194,63 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
     return w, g, o, cpu
 
 
+def bf16_optimizer_bytes(params: float, dp: int) -> tuple[float, float, float, float]:
+    """(weights, grads, optimizer states, CPU) bytes per GPU under DeepSpeed's BF16_Optimizer (bf16 +
+    ZeRO-1 with ``data_types.grad_accum_dtype=fp32``; deepspeed/runtime/bf16_optimizer.py).
+
+    Per parameter of the stage: the bf16 weights (2); the bf16 gradients autograd leaves on them,
+    alive from the backward to the optimizer step (2); the fp32 accumulation buffer, one flat tensor
+    for the whole stage-local model that is not partitioned -- every data-parallel rank holds all of
+    it (4); and only the fp32 master weights and Adam moments split over the ``dp`` ranks (12 / dp)."""
+    return 2 * params, (2 + 4) * params, 12 * params / dp, 0.0
+
+
+def layer_activations(seq_len: int, micro_batch: int, d_model: int, tp: int = 1, *,
+                      sequence_parallel: bool = False) -> float:
+    """16-bit bytes one transformer layer keeps for backward per rank (Korthikanti et al. 2022, fused
+    attention): ``s b h (10 + 24/tp)`` -- the LayerNorm, dropout and residual regions (10) whole on
+    every tensor rank -- or ``34 s b h / tp`` with them cut along the sequence."""
+    return seq_len * micro_batch * d_model * (34 / tp if sequence_parallel else 10 + 24 / tp)
+
+
 def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, micro_batch: int,
-         global_batch: int, precision: str = "bf16") -> list[Layout]:
+         global_batch: int, precision: str = "bf16", loss_chunk: int = CHUNK_TOKENS, vocab_parallel: bool = True,
+         sequence_parallel: bool = False) -> list[Layout]:
     """Every layout of ``gpus`` GPUs the model can be split into that keeps the global batch
     (``global_batch`` sequences per step; ``global / (micro x DP)`` micro-batches per replica),
-    with its memory per GPU."""
+    with its memory per GPU; the loss's logits are counted for ``loss_chunk`` tokens at a time.
+    ``vocab_parallel`` / ``sequence_parallel``: the config's ``parallel.*`` switches (where the
+    family supports them; sequence parallelism in layouts with tp > 1 and one stage)."""
     layouts = []
-    for tp, pp in itertools.product(range(1, min(gpus, gpus_per_node) + 1), range(1, min(gpus, shape.n_layer) + 1)):
+    tps = range(1, (shape.max_tp or min(gpus, gpus_per_node)) + 1)
+    pps = range(1, (shape.max_pp or min(gpus, shape.n_layer)) + 1)  # only what the family can be cut into
+    for tp, pp in itertools.product(tps, pps):
         if gpus % (tp * pp) or shape.n_head % tp or shape.ffn % tp:
             continue
         dp = gpus // (tp * pp)
         if global_batch % (micro_batch * dp):
             continue
         micro_batches = global_batch // (micro_batch * dp)
-        rank_params = params_per_rank(shape, pp, tp)
-        largest = shape.largest_layer  # the token embedding, whole on every tensor rank
+        rank_params = params_per_rank(shape, pp, tp, vocab_parallel=vocab_parallel)
+        columns = vocab_columns(shape, tp, vocab_parallel=vocab_parallel)
+        # the token embedding: split over the vocabulary with the blocks' matrices, or whole on every rank
+        largest = shape.largest_layer / tp if columns < shape.vocab else shape.largest_layer
         layers_per_stage = -(-shape.n_layer // pp)
         s, b, h = seq_len, micro_batch, shape.d_model
         in_flight = min(pp, micro_batches) if pp > 1 else 1
-        per_layer = s * b * h * (10 + 24 / tp)
-        logits = 4 * s * b * shape.vocab
+        sp = sequence_parallel and shape.sequence_parallel and tp > 1 and pp == 1
+        per_layer = layer_activations(s, b, h, tp, sequence_parallel=sp)
+        logits = loss_logits_bytes(s * b, columns, d_model=h, fused=shape.fused_loss and pp == 1,
+                                   logit_bytes=4 if precision == "fp32" else 2, chunk_tokens=loss_chunk)
         act = per_layer * layers_per_stage * in_flight + logits
-        act_ckpt = 2 * s * b * h * layers_per_stage * in_flight + per_layer + logits
+        act_ckpt = 2 * s * b * h / (tp if sp else 1) * layers_per_stage * in_flight + per_layer + logits
         bubble = (pp - 1) / (micro_batches + pp - 1) if pp > 1 else 0.0
         for zero in ((0, 1) if pp > 1 else (0, 1, 2, 3)):
             for offload in ("none", "optimizer", "optimizer+params"):
                 if (offload != "none" and zero == 0) or (offload == "optimizer+params" and zero != 3):
                     continue
                 w, g, o, cpu = model_state_bytes(rank_params, largest, dp, zero, offload, precision)
-                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble, micro_batches))
+                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble, micro_batches, sp))
     return layouts
 
 
@@ -237,6 +304,7 @@ def format_plan(name: str, shape: ModelShape, layouts: list[Layout], best: Layou
                      f"pipeline bubble {best.bubble:.1%}; config: parallel.zero_stage={best.zero} "
                      f"train.grad_accum_steps={best.micro_batches} "
                      f"parallel.pipeline_stages={best.pp} parallel.tensor_parallel={best.tp}"
+                     + (" parallel.sequence_parallel=true" if best.sequence_parallel else "")
                      + (" parallel.offload_optimizer=true" if best.offload != "none" else "")
                      + (" parallel.offload_params=true" if best.offload == "optimizer+params" else "")
                      + (" train.activation_checkpointing=true" if ckpt else ""))

@@ -10,23 +10,41 @@ embeddings, the output head) is replicated and computed identically on every ten
 
 The model is built whole (from the run's seed, like every other layout) and then sharded in place:
 each rank keeps its slice of the same weights, so a TP run starts where a one-process run starts
-and follows its loss. Which modules split how is a table keyed by the model's own classes
-(``SHARD_PLANS``); the model code stays free of distribution code (ARCHITECTURE.md decision 2).
+and follows its loss. Which modules split how is data each family declares in its registry row
+(``tensor_plans``: module class -> ``ShardPlan`` of attribute paths, next to the classes in
+``models/<family>.py``); the model code stays free of distribution code (ARCHITECTURE.md decision 2).
+Encoder-decoders (T5, BART) split both stacks and their cross-attention the same way: the encoder's
+output is replicated on the tensor ranks and enters each rank's key/value columns as a column-parallel
+input; T5's relative-position bias table (one column per head) is split with the heads.
+
+Vocabulary parallelism (Megatron's ``VocabParallelEmbedding`` and parallel output layer): the token
+embedding's rows are cut over the tensor ranks -- rank r holds ids ``[r ceil(V/tp), (r+1) ceil(V/tp))``,
+the last share shorter when tp does not divide V (the padding rows of the split are never stored,
+so checkpoints keep the unsplit (V, C) shape and never predict them). A lookup zeroes the ids
+outside this rank's rows and all-reduces; the tied output projection multiplies by the same rows,
+giving this rank's columns of the logits, and the loss is computed from those columns without
+gathering them (``ops/cross_entropy.py``'s ``vocab_split``). The replicated input of the output
+projection has its gradient all-reduced, as a column-parallel linear's.
+
+Dropout inside a rank's own region (its heads' attention probabilities) draws from the rank's own
+stream (``parallel/rng.py``); ``parallel/sequence.py`` adds sequence parallelism on top.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from glm_dist.checkpoint.shards import split_bounds
+from glm_dist.models.common import ShardPlan
+from glm_dist.ops.cross_entropy import VocabSplit
+from glm_dist.parallel import comm
+from glm_dist.parallel.rng import TensorRankRNG
 from glm_dist.parallel.topology import Topology
-
-
-# families whose attention and FFN modules have a shard plan below
-TENSOR_PARALLEL_FAMILIES = ("gpt", "bert", "roberta", "albert", "electra")
 
 
 # -- the two communication primitives (Megatron's f and g) ---------------------------------------
@@ -41,9 +59,7 @@ class _CopyToTensorRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return comm.all_reduce_(grad.contiguous(), group=ctx.group), None
 
 
 class _ReduceFromTensorRegion(torch.autograd.Function):
@@ -51,9 +67,7 @@ class _ReduceFromTensorRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
+        return comm.all_reduce_(x.contiguous(), group=group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -61,11 +75,12 @@ class _ReduceFromTensorRegion(torch.autograd.Function):
 
 
 class ColumnParallelLinear(nn.Module):
-    """``rows`` of a linear layer's output features (and their bias) on this rank."""
+    """``rows`` of a linear layer's output features (and their bias) on this rank. Its input is
+    replicated, or -- ``sequence_parallel`` -- this rank's positions, all-gathered first."""
 
     def __init__(self, full: nn.Linear, rows: torch.Tensor, group, parts: int = 1):
         super().__init__()
-        self.group = group
+        self.group, self.sequence_parallel = group, False
         self.in_features, self.out_features = full.in_features, len(rows)
         self.weight = nn.Parameter(full.weight.detach()[rows].clone())
         self.bias = nn.Parameter(full.bias.detach()[rows].clone()) if full.bias is not None else None
@@ -73,46 +88,185 @@ class ColumnParallelLinear(nn.Module):
             p.tensor_parallel = (0, parts)  # (split dimension, equal side-by-side parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:  # x: this rank's positions, gathered inside (and again in backward)
+            from glm_dist.parallel.sequence import SequenceColumnLinear
+
+            return SequenceColumnLinear.apply(x, self.weight, self.bias, self.group)
         return F.linear(_CopyToTensorRegion.apply(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """``cols`` of a linear layer's input features on this rank; the bias is added once, after the
-    partial outputs are summed, so it stays replicated."""
+    partial outputs are summed (all-reduced, or -- ``sequence_parallel`` -- reduce-scattered to this
+    rank's positions), so it stays replicated."""
 
     def __init__(self, full: nn.Linear, cols: torch.Tensor, group):
         super().__init__()
-        self.group = group
+        self.group, self.sequence_parallel = group, False
         self.in_features, self.out_features = len(cols), full.out_features
         self.weight = nn.Parameter(full.weight.detach()[:, cols].clone())
         self.weight.tensor_parallel = (1, 1)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _ReduceFromTensorRegion.apply(F.linear(x, self.weight), self.group)
+        from glm_dist.parallel.sequence import ReduceScatterToSequence
+
+        leave = ReduceScatterToSequence if self.sequence_parallel else _ReduceFromTensorRegion
+        y = leave.apply(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
 
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows ``[split.start, split.end)`` of a token embedding; ``weight`` keeps the
+    name, so checkpoints and tied copies find it where the whole embedding's was."""
+
+    def __init__(self, full: nn.Embedding, rank: int, size: int, group):
+        super().__init__()
+        start, end = split_bounds(full.num_embeddings, rank, size)
+        if end <= start:
+            raise ValueError(f"a vocabulary of {full.num_embeddings} tokens leaves tensor rank {rank} of {size} no rows")
+        self.group, self.split = group, VocabSplit(group, start, end, full.num_embeddings)
+        self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim
+        pad = full.padding_idx
+        self.padding_idx = pad - start if pad is not None and start <= pad < end else None
+        self.weight = _vocab_parameter(full.weight, start, end)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.split.start
+        outside = (local < 0) | (local >= self.split.width)  # another rank's rows: zeros here
+        out = F.embedding(local.masked_fill(outside, 0), self.weight, self.padding_idx)
+        return _ReduceFromTensorRegion.apply(out.masked_fill(outside[..., None], 0.0), self.group)
+
+
+class VocabParallelOutput(nn.Module):
+    """The output projection onto this rank's vocabulary columns: the embedding's rows (tied) and
+    the bias's slice. ``forward(x, project)`` as ``OutputLinear``: the logits' columns, or
+    ``project(x, weight, bias)`` on this rank's rows -- under ``vocab_split`` a loss sees them as
+    such."""
+
+    def __init__(self, embedding: VocabParallelEmbedding, bias: torch.Tensor | None):
+        super().__init__()
+        self.group, self.split, self.weight = embedding.group, embedding.split, embedding.weight
+        self.bias = None if bias is None else _vocab_parameter(bias, self.split.start, self.split.end)
+
+    def forward(self, x: torch.Tensor, project: Callable | None = None):
+        x = _CopyToTensorRegion.apply(x, self.group)
+        return F.linear(x, self.weight, self.bias) if project is None else project(x, self.weight, self.bias)
+
+
+def _vocab_parameter(full: torch.Tensor, start: int, end: int) -> nn.Parameter:
+    """Rows ``[start, end)`` of ``full``, keeping the marks DeepSpeed left on it (a pipeline's later
+    copies of a tied embedding carry ``ds_pipe_replicated``: counted once in the gradient norm)."""
+    p = nn.Parameter(full.detach()[start:end].clone())
+    p.__dict__.update(vars(full))
+    p.tensor_parallel, p.unsplit_shape = (0, 1), tuple(full.shape)
+    return p
+
+
+def output_logits(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A pipeline's last stage: ``x`` times its copy of the (tied) embedding -- this rank's columns
+    of the logits when the embedding is split over the vocabulary."""
+    if isinstance(embedding, VocabParallelEmbedding):
+        x = _CopyToTensorRegion.apply(x, embedding.group)
+    return F.linear(x, embedding.weight)
+
+
 # -- which modules split how -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class ShardPlan:
-    """Attribute paths of one module class: column-parallel linears (``fused`` ones hold several
-    equal parts side by side, e.g. GPT's [q; k; v]), row-parallel linears, and the attribute that
-    counts heads (divided by the tensor-parallel size)."""
-
-    column: tuple[str, ...] = ()
-    row: tuple[str, ...] = ()
-    fused: dict | None = None  # path -> number of equal parts
-    heads: str | None = None
-
-
 def _plans() -> dict[type, ShardPlan]:
-    from glm_dist.models import bert, common
+    """Every family's module class -> how it splits (the registry's ``tensor_plans``)."""
+    from glm_dist.models.registry import FAMILIES
 
-    return {common.CausalSelfAttention: ShardPlan(column=("qkv",), row=("proj",), fused={"qkv": 3}, heads="n_head"),
-            common.MLP: ShardPlan(column=("fc",), row=("proj",)),
-            bert.SelfAttention: ShardPlan(column=("query", "key", "value"), row=("dense",), heads="n_head"),
-            bert.EncoderBlock: ShardPlan(column=("ffn.fc",), row=("ffn.proj",))}
+    return {cls: plan for spec in FAMILIES.values() for cls, plan in spec.tensor_plans.items()}
+
+
+@dataclass(frozen=True)
+class VocabPlan:
+    """Attribute paths of one module class: its token embedding, the output projections tied to it
+    (their bias sliced with it), and vocabulary-sized biases of their own (a pipeline's decoder bias)."""
+
+    embedding: str | None = None
+    outputs: tuple[str, ...] = ()
+    biases: tuple[str, ...] = ()
+
+
+def _vocab_plans() -> dict[type, VocabPlan]:
+    from glm_dist.models import bert, gpt
+    from glm_dist.parallel import pipeline
+
+    return {gpt.GPTEmbedding: VocabPlan(embedding="wte"), gpt.GPTHead: VocabPlan(outputs=("lm_head",)),
+            bert.EncoderEmbedding: VocabPlan(embedding="word"), bert.MLMHead: VocabPlan(outputs=("decoder",)),
+            pipeline.TiedOutput: VocabPlan(embedding="wte"), pipeline.TiedWord: VocabPlan(embedding="word"),
+            pipeline.DecoderBias: VocabPlan(biases=("bias",))}
+
+
+def _plan_of(module: nn.Module, plans: dict):
+    return next((plans[c] for c in type(module).__mro__ if c in plans), None)
+
+
+def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | None:
+    """Replace, in place, the token embedding by this rank's rows and its tied output projections
+    by this rank's columns; returns the split (None: this stage holds no vocabulary)."""
+    plans, split = _vocab_plans(), None
+    embeddings: dict[int, VocabParallelEmbedding] = {}  # id(whole weight) -> its split
+    modules = list(model.modules())
+    for module in modules:
+        plan = _plan_of(module, plans)
+        if plan is not None and plan.embedding and not isinstance(_get(module, plan.embedding), VocabParallelEmbedding):
+            full = _get(module, plan.embedding)
+            embeddings[id(full.weight)] = split_emb = VocabParallelEmbedding(full, rank, size, group)
+            _set(module, plan.embedding, split_emb)
+            split = split_emb.split
+    for module in modules:
+        plan = _plan_of(module, plans)
+        for path in plan.outputs if plan else ():
+            full = _get(module, path)
+            if id(full.weight) not in embeddings:
+                raise ValueError(f"{type(module).__name__}.{path} is not tied to a token embedding: the vocabulary "
+                                 f"split shards tied output projections only")
+            _set(module, path, VocabParallelOutput(embeddings[id(full.weight)], full.bias))
+        for path in plan.biases if plan else ():
+            full = getattr(module, path)
+            start, end = split_bounds(full.shape[0], rank, size)
+            setattr(module, path, _vocab_parameter(full, start, end))
+            split = split or VocabSplit(group, start, end, full.shape[0])
+    return split
+
+
+def vocab_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters ``shard_vocab`` would split (on the meta device too): embedding weights (tied
+    outputs share them), the outputs' biases and vocabulary-sized biases."""
+    plans, out = _vocab_plans(), {}
+    for module in model.modules():
+        plan = _plan_of(module, plans)
+        if plan is None:
+            continue
+        found = [_get(module, plan.embedding).weight] if plan.embedding else []
+        found += [_get(module, path).bias for path in plan.outputs]
+        found += [getattr(module, path) for path in plan.biases]
+        out.update((id(p), p) for p in found if p is not None)
+    return list(out.values())
+
+
+def tensor_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters ``shard_model`` splits by heads / FFN width (on the meta device too): the planned
+    linears' weights, the column-parallel ones' biases (a row-parallel bias stays whole) and head tables."""
+    plans, out = _plans(), {}
+    for module in model.modules():
+        plan = _plan_of(module, plans)
+        if plan is None:
+            continue
+        for path in (*plan.column, *plan.row, *plan.head_tables):
+            layer = _get(module, path, path in plan.optional)
+            if layer is not None:
+                out[id(layer.weight)] = layer.weight
+                if path in plan.column and layer.bias is not None:
+                    out[id(layer.bias)] = layer.bias
+    return list(out.values())
+
+
+def model_vocab_split(model: nn.Module) -> VocabSplit | None:
+    """The vocabulary split of a sharded model (None: its vocabulary is whole)."""
+    return next((m.split for m in model.modules() if isinstance(m, VocabParallelEmbedding)), None)
 
 
 def _slice(n: int, rank: int, size: int, parts: int = 1) -> torch.Tensor:
@@ -122,10 +276,25 @@ def _slice(n: int, rank: int, size: int, parts: int = 1) -> torch.Tensor:
     return torch.cat([torch.arange(p * width + rank * share, p * width + (rank + 1) * share) for p in range(parts)])
 
 
-def _get(module: nn.Module, path: str) -> nn.Module:
+def _get(module: nn.Module, path: str, optional: bool = False) -> nn.Module | None:
+    """The submodule at ``path``; ``optional``: None where the module lacks it (or holds None there)."""
     for name in path.split("."):
-        module = module[name] if isinstance(module, nn.ModuleDict) else getattr(module, name)
+        if isinstance(module, nn.ModuleDict):
+            module = module[name] if name in module or not optional else None
+        else:
+            module = getattr(module, name, None) if optional else getattr(module, name)
+        if module is None:
+            return None
     return module
+
+
+def _head_table(full: nn.Embedding, heads: torch.Tensor) -> nn.Embedding:
+    """This rank's columns (heads) of a table with one column per head; the whole shape is kept for
+    the checkpoint's reassembly."""
+    table = nn.Embedding(full.num_embeddings, len(heads), device=full.weight.device, dtype=full.weight.dtype)
+    table.weight = nn.Parameter(full.weight.detach()[:, heads].clone())
+    table.weight.tensor_parallel, table.weight.unsplit_shape = (1, 1), tuple(full.weight.shape)
+    return table
 
 
 def _set(module: nn.Module, path: str, value: nn.Module) -> None:
@@ -138,20 +307,24 @@ def _set(module: nn.Module, path: str, value: nn.Module) -> None:
         setattr(module, name, value)
 
 
-def shard_model(model: nn.Module, rank: int, size: int, group) -> int:
+def shard_model(model: nn.Module, rank: int, size: int, group, *, vocab: bool = False,
+                sequence: bool = False) -> int:
     """Replace, in place, every planned linear by this rank's column or row slice; returns how many
-    modules were sharded. A module shared by several blocks (ALBERT) is sharded once."""
+    modules were sharded. A module shared by several blocks (ALBERT) is sharded once. ``vocab``:
+    split the token embedding and its tied output over the vocabulary too (``shard_vocab``);
+    ``sequence``: then cut the residual stream along the sequence (``parallel/sequence.py``).
+    Split heads draw their attention dropout from this rank's own stream (``parallel/rng.py``)."""
     if size == 1:
         return 0
-    plans, done = _plans(), set()
+    plans, done, rng = _plans(), set(), TensorRankRNG(rank)
     for module in list(model.modules()):
-        plan = next((plans[c] for c in type(module).__mro__ if c in plans), None)
+        plan = _plan_of(module, plans)
         if plan is None or id(module) in done:
             continue
         done.add(id(module))
         for path in plan.column:
-            full = _get(module, path)
-            if isinstance(full, ColumnParallelLinear):
+            full = _get(module, path, path in plan.optional)
+            if full is None or isinstance(full, ColumnParallelLinear):
                 continue
             parts = (plan.fused or {}).get(path, 1)
             if full.out_features % (parts * size):
@@ -159,15 +332,29 @@ def shard_model(model: nn.Module, rank: int, size: int, group) -> int:
                                  f"into {parts} x {size} tensor-parallel slices")
             _set(module, path, ColumnParallelLinear(full, _slice(full.out_features, rank, size, parts), group, parts))
         for path in plan.row:
-            full = _get(module, path)
-            if isinstance(full, RowParallelLinear):
+            full = _get(module, path, path in plan.optional)
+            if full is None or isinstance(full, RowParallelLinear):
                 continue
             if full.in_features % size:
                 raise ValueError(f"{type(module).__name__}.{path}: {full.in_features} inputs do not split "
                                  f"into {size} tensor-parallel slices")
             _set(module, path, RowParallelLinear(full, _slice(full.in_features, rank, size), group))
+        for path in plan.head_tables:
+            full = _get(module, path, path in plan.optional)
+            if full is not None and not hasattr(full.weight, "tensor_parallel"):
+                if full.embedding_dim % size:
+                    raise ValueError(f"{type(module).__name__}.{path}: {full.embedding_dim} heads do not split "
+                                     f"into {size} tensor-parallel slices")
+                _set(module, path, _head_table(full, _slice(full.embedding_dim, rank, size)))
         if plan.heads:
             setattr(module, plan.heads, getattr(module, plan.heads) // size)
+            module.probs_rng = rng.fork  # the model's hook for its attention-probability dropout
+    if vocab:
+        shard_vocab(model, rank, size, group)
+    if sequence:
+        from glm_dist.parallel.sequence import apply_sequence_parallel
+
+        apply_sequence_parallel(model, group, rng)
     return len(done)
 
 
@@ -183,19 +370,18 @@ def mark_for_grad_norm(model: nn.Module, tensor_rank: int, *, exclude: set[int] 
 def local_slice(p: nn.Parameter, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     """This rank's slice of a whole tensor shaped like the unsplit parameter ``p`` came from."""
     dim, parts = p.tensor_parallel
-    return full.index_select(dim, _slice(full.shape[dim], rank, size, parts))
+    return full.index_select(dim, _slice(full.shape[dim], rank, size, parts).to(full.device))
 
 
 def gather_slices(p: nn.Parameter, local: torch.Tensor, group, size: int) -> torch.Tensor:
     """The whole tensor from every tensor rank's slice of it (collective over ``group``)."""
     dim, parts = p.tensor_parallel
-    shards = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(shards, local.contiguous(), group=group)
+    shards = comm.all_gather(local, group=group)  # on local's device, whatever the backend
     full_shape = list(local.shape)
     full_shape[dim] *= size
-    full = torch.empty(full_shape, dtype=local.dtype)
+    full = torch.empty(full_shape, dtype=local.dtype, device=local.device)
     for r, shard in enumerate(shards):
-        full.index_copy_(dim, _slice(full_shape[dim], r, size, parts), shard)
+        full.index_copy_(dim, _slice(full_shape[dim], r, size, parts).to(full.device), shard)
     return full
 
 

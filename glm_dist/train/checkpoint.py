@@ -1,217 +1,369 @@
-"""Checkpoints: DeepSpeed engine state + our own state, written atomically.
+"""Checkpoints of a training run: one sharded format written by every rank in parallel and in the
+background, verified before use, readable at any layout, one lineage.
 
-Layout under ``<out_dir>/checkpoints``::
+Layout under ``train.checkpoint_dir`` (default ``<out_dir>/checkpoints``; a path or an fsspec URL)::
 
-    step_00000100/            a complete checkpoint (renamed into place when complete)
-      state/                  DeepSpeed's files (model, optimizer partitions, ...)
-      rng/rank00000.pt        each rank's RNG states
-      tokenizer.json          the run's tokenizer (a checkpoint is self-contained)
-      meta.json               step, config, and every file with its size (the completion marker)
-    latest                    name of the newest complete checkpoint
-    .tmp-step_00000200/       a save in progress (a crash leaves only this; it is never loaded)
+    step_00000100/                          a complete checkpoint (meta.json is its commit record)
+      shards/rank00003.json                 the shards rank 3 wrote: parameter, kind, TP slicing, offsets
+      shards/rank00003.<kind>.safetensors   fp32 masters / each optimizer moment / buffers, no gather
+      rng/rank00003.json                    each rank's RNG states
+      stream_memory/rank00003.safetensors   Transformer-XL memory of the streams rank 3 held (XLNet)
+      client_state.json                     step / token / skip counters, data position, optimizer step
+      tokenizer.json                        the run's tokenizer (a checkpoint is self-contained)
+      state/                                DeepSpeed's own files, only with train.deepspeed_checkpoint
+      meta.json                             config, layout, every file's size and block SHA-256s (last)
+    latest                                  name of the newest complete save
+    .tmp-step_00000200/                     a local save in progress (renamed when committed)
+    aside/                                  checkpoints moved out of the lineage by a roll-back
 
-The client state (step, token and skip counters, data-loader position) rides in DeepSpeed's
-``client_state``. A checkpoint is validated (meta.json, every file present with its recorded size)
-before anything is loaded, and loading never writes.
+A save copies this rank's shards to host memory (the only part training waits for) and writes
+them on a background thread (``checkpoint/writer.py``); the next save, the end of the run or a
+stop signal waits for it, and every rank then agrees on any failure. Rank 0 commits once every
+rank's files are complete: meta.json last, then (locally) fsync and rename, ``latest``, rotation.
+On an object store the folder is written in place and meta.json alone publishes it.
+
+``train.resume=auto`` follows ``latest``, then older steps, skipping (and saying so) any that fail
+verification. Resuming from an older step while newer ones exist moves those aside -- only with
+``train.resume_overwrite=true``, else the run is refused -- so a later auto-resume never jumps to a
+stale future. Loading never writes into a checkpoint, and each rank reads only the slices it needs.
 """
 from __future__ import annotations
 
 import json
-import os
-import random
-import shutil
+import logging
+import re
+import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from glm_dist.parallel.distributed import DistInfo, barrier
+from glm_dist.checkpoint.files import (FORMAT, MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, CheckpointError, parse_json,
+                                       read_meta, rng_state, set_rng_state, verify)
+from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file
+from glm_dist.checkpoint.storage import Storage
+from glm_dist.checkpoint.writer import DONE, AsyncSave, RankFiles, failure, hash_file
+from glm_dist.parallel import comm, fragments
+from glm_dist.parallel.distributed import DistInfo
 
-TAG = "state"
+log = logging.getLogger(__name__)
+ASIDE = "aside"
+STEP = re.compile(r"^step_\d{8}$")
+DS_TAG = "state"  # DeepSpeed's own files, under <checkpoint>/state (train.deepspeed_checkpoint)
+ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message says which file and what to do."""
+def step_of(path) -> int:
+    return int(path.name.split("_")[1])
 
 
 class CheckpointManager:
-    def __init__(self, root: str | Path, dist: DistInfo):
-        self.root, self.dist = Path(root), dist
+    def __init__(self, root: str | Path, dist: DistInfo, *, keep_last: int = 0, keep_every: int = 0):
+        self.storage, self.dist = Storage(root), dist
+        self.root = self.storage  # kept for messages: str(self.root) is the folder or URL
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.pending: AsyncSave | None = None
+        self._host: dict[str, torch.Tensor] = {}  # host buffers of the shards, reused from save to save
+        self.last_save: dict = {}  # timings and bytes of the last save (bench/checkpoint_scaling.py)
 
-    def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
-        pointer = self.root / "latest"
-        if pointer.exists():
-            path = self.root / pointer.read_text().strip()
-            if (path / "meta.json").exists():
-                return path
-        complete = sorted(p for p in self.root.glob("step_*") if (p / "meta.json").exists())
-        return complete[-1] if complete else None
+    # -- the lineage ---------------------------------------------------------------------------
+    def complete(self) -> list[Storage]:
+        """Complete checkpoints (meta.json written), highest step first."""
+        names = [n for n in self.storage.listdir() if STEP.match(n)]
+        done = [self.storage.sub(n) for n in names if self.storage.exists(f"{n}/meta.json")]
+        return sorted(done, key=step_of, reverse=True)
 
-    def resolve(self, resume: str) -> Path | None:
-        """``train.resume`` -> the checkpoint to load (validated) or None."""
+    def candidates(self) -> list[Storage]:
+        """What ``resume=auto`` tries, in order: the one ``latest`` names, then by step."""
+        done = self.complete()
+        named = None
+        if self.storage.isfile("latest"):
+            text = self.storage.read("latest", max_bytes=64).decode("utf-8", "replace").strip()
+            named = self.storage.sub(text) if STEP.match(text) else None
+        return ([named] if named in done else []) + [p for p in done if p != named]
+
+    def resolve(self, resume: str, *, overwrite: bool = False) -> Storage | None:
+        """``train.resume`` -> the verified checkpoint to load, or None (all ranks call this)."""
         if resume == "none":
             return None
-        path = self.latest() if resume == "auto" else Path(resume)
-        if path is None:
-            return None
-        if not path.exists():
-            raise CheckpointError(f"train.resume={resume}: {path} does not exist; pass an existing "
-                                  f"checkpoint directory, 'auto' or 'none'")
-        verify(path)
+        skipped: list[Storage] = []
+        if resume == "auto":
+            path, skipped = self._newest_verified()
+        else:
+            path = Storage(resume)
+            if not path.isdir():
+                raise CheckpointError(f"train.resume={resume}: {path} is not a directory; pass a checkpoint "
+                                      f"directory (…/checkpoints/step_N), 'auto' or 'none'")
+            reason = self._verify(path)
+            if reason:
+                raise CheckpointError(reason)
+        if path is not None:
+            self._keep_lineage(path, ignore=skipped, overwrite=overwrite)
         return path
 
-    def save(self, engine, step: int, client_state: dict, meta: dict, *,
-             extra_files: dict[str, Path] | None = None, also=None) -> Path:
-        """Write checkpoint ``step`` (all ranks call this); returns its final path.
-        ``extra_files`` (name -> source) are copied in by rank 0, e.g. the tokenizer; ``also(tmp)``
-        writes more into the checkpoint before it is completed (the universal form)."""
-        name = f"step_{step:08d}"
-        final, tmp = self.root / name, self.root / f".tmp-{name}"
-        if self.dist.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)  # debris of a crashed save
-            tmp.mkdir(parents=True)
-        barrier()
-        engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False)
-        (tmp / "rng").mkdir(exist_ok=True)
-        torch.save(rng_state(), tmp / "rng" / f"rank{self.dist.rank:05d}.pt")
-        if also is not None:
-            also(tmp)
-        barrier()
-        if self.dist.is_main:
-            for name, src in (extra_files or {}).items():
-                shutil.copyfile(src, tmp / name)
-            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-            _write_atomic(tmp / "meta.json", json.dumps({**meta, "step": step, "files": files}, indent=2))
-            if final.exists():  # re-saving a step (e.g. after a resume): replace as a whole
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _write_atomic(self.root / "latest", name)
-        barrier()
-        return final
+    def _verify(self, path: Storage) -> str | None:
+        """Why ``path`` fails verification (agreed by every rank; each hashes its share), or None."""
+        try:
+            verify(path, share=(self.dist.rank, self.dist.world_size))
+            reason = None
+        except CheckpointError as err:
+            reason = str(err)
+        return comm.first_error(reason)
 
-    def rotate(self, *, keep_last: int, keep_every: int = 0) -> list[Path]:
-        """Delete complete checkpoints beyond the newest ``keep_last``, except multiples of
+    def _newest_verified(self) -> tuple[Storage | None, list[Storage]]:
+        """The newest checkpoint that verifies, and the ones skipped on the way (left as they are:
+        loading never writes; they can never be resumed from, so they are no stale future)."""
+        skipped, reasons = [], []
+        for path in self.candidates():
+            reason = self._verify(path)
+            if reason is None:
+                return path, skipped
+            skipped.append(path)
+            reasons.append(reason)
+            if self.dist.is_main:
+                log.warning("train.resume=auto: skipping %s: %s", path.name, reason)
+        if skipped:
+            raise CheckpointError(f"train.resume=auto: none of the {len(skipped)} checkpoints under {self.root} "
+                                  f"verifies; the newest: {reasons[0]}")
+        return None, []
+
+    def _keep_lineage(self, path: Storage, *, ignore: list[Storage], overwrite: bool) -> None:
+        """Newer checkpoints of this run than the one resumed from would be a stale future."""
+        newer = [p for p in self.complete() if step_of(p) > step_of(path) and p != path and p not in ignore]
+        if not newer:
+            return
+        names = ", ".join(p.name for p in reversed(newer))
+        if not overwrite:
+            raise CheckpointError(f"resuming from {path} while {self.root} holds newer checkpoints ({names}): a later "
+                                  f"train.resume=auto would continue the old run; set train.resume_overwrite=true to "
+                                  f"move them to {self.root}/{ASIDE}, or use another train.out_dir")
+        where = f"{ASIDE}/rolled-back-{time.strftime('%Y%m%d-%H%M%S')}"
+        if self.dist.is_main:
+            for p in newer:
+                self.storage.rename(p.name, f"{where}/{p.name}")
+        comm.barrier()
+        if self.dist.is_main:
+            log.warning("resuming from %s: moved the newer checkpoints %s to %s/%s", path.name, names, self.root, where)
+
+    def rotate(self) -> list[Storage]:
+        """Delete complete checkpoints beyond the newest ``keep_last`` saves, except multiples of
         ``keep_every``; rank 0 only. Returns what was deleted."""
-        if not self.dist.is_main or keep_last < 1:
+        if not self.dist.is_main or self.keep_last < 1:
             return []
-        complete = sorted(p for p in self.root.glob("step_*") if (p / "meta.json").exists())
-        doomed = [p for p in complete[:-keep_last]
-                  if not (keep_every and int(p.name.split("_")[1]) % keep_every == 0)]
+        done = sorted(self.complete(), key=lambda p: (_saved_at(p), step_of(p)), reverse=True)
+        doomed = [p for p in done[self.keep_last:] if not (self.keep_every and step_of(p) % self.keep_every == 0)]
         for path in doomed:
-            shutil.rmtree(path)
+            self.storage.remove(path.name)
         return doomed
 
-    def load(self, engine, path: Path) -> dict:
-        """Load engine state and this rank's RNG; returns the client state."""
+    # -- saving ----------------------------------------------------------------------------------
+    def save(self, engine, step: int, *, naming: fragments.Naming, coords: dict, sizes: dict, client_state: dict,
+             meta: dict, extra: RankFiles | None = None, tokenizer: str | None = None,
+             deepspeed_files: bool = False, wait: bool = False) -> Storage:
+        """Start checkpoint ``step`` (all ranks call this): wait for the previous one, copy this
+        rank's shards to host memory and hand them to a background writer; returns the final
+        location. ``wait``: also wait until it is committed (end of run, stop signal). A failure on
+        any rank (e.g. a full disk) stops every rank with the same error at that wait; the
+        previous checkpoint stays the latest."""
+        self.wait()
+        name = f"step_{step:08d}"
+        staging = self.storage.sub(f".tmp-{name}" if self.storage.local else name)
+        t0 = time.perf_counter()
+        self._agreed(lambda: self._start(staging), f"starting checkpoint {name}", staging)
+        files = extra or RankFiles(self.dist.rank)
+
+        def capture() -> None:
+            if deepspeed_files:  # collective: every rank first
+                engine.save_checkpoint(staging.path, tag=DS_TAG, client_state={}, save_latest=False)
+            fragments.link_moments(engine)
+            # persistent buffers: the same on every data- and tensor-parallel rank of a pipeline stage,
+            # so one rank per stage writes its stage's (a buffer lives on one stage)
+            writes_buffers = coords.get("data", 0) == 0 and coords.get("tensor", 0) == 0
+            buffers = list(naming.buffers(engine.module)) if writes_buffers else []
+            self._capture(files, fragments.pieces(engine, naming, coords, sizes), engine.device, buffers)
+            files.blobs[f"rng/rank{self.dist.rank:05d}.json"] = json.dumps(rng_state(engine.device)).encode()
+            if self.dist.is_main:
+                run = {**client_state, "optimizer": fragments.optimizer_step(engine),
+                       "engine": {k: getattr(engine, k) for k in ENGINE_COUNTERS if hasattr(engine, k)}}
+                files.blobs["client_state.json"] = json.dumps(run).encode()
+                if tokenizer is not None:
+                    files.blobs["tokenizer.json"] = _read_small(tokenizer)
+
+        self._agreed(capture, f"writing checkpoint {name}", staging)
+        commit = (lambda entries: self._commit(staging, name, step, meta, entries, deepspeed_files)) \
+            if self.dist.is_main else None
+        self.pending = AsyncSave(staging, files, world=self.dist.world_size, what=f"writing checkpoint {name}",
+                                 root=self.storage, commit=commit)
+        self.last_save = {"step": step, "blocking_s": time.perf_counter() - t0, "bytes": files.nbytes()}
+        if wait:
+            self.wait()
+        return self.storage.sub(name)
+
+    def _start(self, staging: Storage) -> None:
+        if self.dist.is_main:
+            staging.remove()  # debris of a crashed save (remotely: an uncommitted folder of this step)
+            staging.makedirs()
+
+    def _capture(self, files: RankFiles, pieces: list, device: torch.device, buffers: list = ()) -> None:
+        """Copy the slices this rank writes to host memory (pinned under CUDA, reused between saves),
+        one buffer per kind, and the module's persistent ``buffers`` (key, name, value) whole; describe
+        them in the rank's index."""
+        plan: dict[str, list] = {}
+        for piece in pieces:
+            for kind in _kinds(piece):
+                plan.setdefault(kind, []).append(piece)
+        shards = []
+        for kind, group in plan.items():
+            total = sum(p.write[1] - p.write[0] for p in group)
+            host = self._host_buffer(kind, total, device)
+            offset, tensors = 0, []
+            for piece in group:
+                lo, hi = piece.write
+                if hi > lo:
+                    host[offset:offset + hi - lo].copy_(piece.view(kind)[lo - piece.start:hi - piece.start],
+                                                        non_blocking=True)
+                    shard = Shard(piece.name, kind, piece.shape, piece.tp, lo, hi - lo)
+                    tensors.append((f"{piece.name}@{lo}", host[offset:offset + hi - lo]))
+                    shards.append(shard.to_json(tensors[-1][0]))
+                    offset += hi - lo
+            files.tensors[data_file(self.dist.rank, kind)] = tensors
+        for piece in pieces:  # optimizer states of another shape than the parameter (Adafactor's factors)
+            if piece.write[0] == 0 < piece.write[1]:
+                for kind, value in piece.extra.items():
+                    key = f"{piece.name}@extra"
+                    files.tensors.setdefault(data_file(self.dist.rank, kind), []).append((key, value.float().cpu()))
+                    shards.append(Shard(piece.name, kind, tuple(value.shape), None, 0, value.numel()).to_json(key))
+        for _, name, value in buffers:  # in their own dtype (CoVe's GloVe table: fp32)
+            key = f"{name}@buffer"
+            host = value.detach().to("cpu", copy=True)
+            files.tensors.setdefault(data_file(self.dist.rank, "buffer"), []).append((key, host))
+            shards.append(Shard(name, "buffer", tuple(value.shape), None, 0, value.numel()).to_json(key))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        files.blobs[index_file(self.dist.rank)] = json.dumps({"format": FORMAT, "rank": self.dist.rank,
+                                                               "shards": shards}).encode()
+
+    def _host_buffer(self, kind: str, numel: int, device: torch.device) -> torch.Tensor:
+        buf = self._host.get(kind)
+        if buf is None or buf.numel() != numel:
+            buf = torch.empty(numel, dtype=torch.float32, pin_memory=device.type == "cuda")
+            self._host[kind] = buf
+        return buf
+
+    def _commit(self, staging: Storage, name: str, step: int, meta: dict, entries: dict,
+                deepspeed_files: bool) -> None:
+        """Rank 0, once every rank's files are written: meta.json last, publish, ``latest``, rotate."""
+        staging.remove(DONE)
+        if deepspeed_files:  # DeepSpeed's own files, written synchronously by several ranks
+            for rel in staging.walk(DS_TAG):
+                entries[rel] = hash_file(staging, rel)
+        record = {**meta, "format": FORMAT, "step": step, "saved_at": time.time(), "files": dict(sorted(entries.items()))}
+        staging.write_bytes("meta.json", json.dumps(record, indent=1).encode())
+        if self.storage.local:
+            staging.fsync_tree()
+            self.storage.rename(staging.name, name)
+        self.storage.write_atomic("latest", name.encode())
+        self.rotate()
+
+    def wait(self) -> None:
+        """Wait for the pending save (all ranks): every rank's writes complete and agreed, rank 0's
+        commit done. A failure anywhere raises the same ``CheckpointError`` on every rank."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        t0 = time.perf_counter()
+        pending.wait_written()
+        error = comm.first_error(pending.error)
+        pending.finish(abort=error is not None)
+        if error is None:
+            error = comm.first_error(pending.commit_error)
+        self.last_save.update(wait_s=time.perf_counter() - t0, **{f"{k}_s": v for k, v in pending.seconds.items()})
+        if error is not None:
+            self._fail(error, pending.staging)
+
+    def _agreed(self, part, what: str, staging: Storage) -> None:
+        """Run ``part`` on every rank; if it fails anywhere, every rank raises the first failure
+        (so no rank waits forever in the next collective) and the half-written save is removed."""
         try:
-            load_path, client_state = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                                             load_lr_scheduler_states=False)
-        except Exception as err:
-            raise CheckpointError(f"checkpoint {path} could not be loaded ({err!r}); it may be corrupt "
-                                  f"-- resume from an earlier one with train.resume=DIR") from err
-        if load_path is None:
-            raise CheckpointError(f"checkpoint {path} holds no DeepSpeed state under {path / TAG}")
-        rng_file = path / "rng" / f"rank{self.dist.rank:05d}.pt"
-        if rng_file.exists():  # absent when resuming on more ranks than saved: keep the seeded RNG
-            set_rng_state(torch.load(rng_file, weights_only=False))
-        return client_state
+            part()
+            error = None
+        except (OSError, RuntimeError, ValueError) as err:  # torch.save reports a full disk as a RuntimeError
+            error = failure(what, self.dist.rank, err, self.storage)
+        error = comm.first_error(error)
+        if error is not None:
+            self._fail(error, staging)
+
+    def _fail(self, error: str, staging: Storage):
+        if self.dist.is_main:
+            staging.remove()
+        done = self.candidates()
+        raise CheckpointError(f"{error}; the newest complete checkpoint is still {done[0] if done else 'none'} -- "
+                              f"free space or fix the folder and rerun to resume from it")
+
+    # -- loading ---------------------------------------------------------------------------------
+    def load(self, engine, ckpt: Storage, naming: fragments.Naming, coords: dict, sizes: dict) -> dict:
+        """Set this rank's fp32 masters, moments and buffers from ``ckpt`` (saved at any layout),
+        reading only the slices it holds; derive the module weights; restore the RNG. Returns the
+        run state (client_state.json)."""
+        client = parse_json(ckpt.read("client_state.json", max_bytes=MAX_JSON_BYTES), f"{ckpt}/client_state.json")
+        error = None
+        try:
+            self._load_tensors(engine, ckpt, client, naming, coords, sizes)
+        except CheckpointError as err:
+            error = str(err)
+        error = comm.first_error(error)
+        if error is not None:
+            raise CheckpointError(error)
+        fragments.refresh_weights(engine)  # collective under ZeRO-1/2 and bf16
+        for attr, value in client.get("engine", {}).items():
+            setattr(engine, attr, value)
+        self.load_rng(ckpt, engine.device)
+        return client
+
+    @torch.no_grad()
+    def _load_tensors(self, engine, ckpt: Storage, client: dict, naming, coords: dict, sizes: dict) -> None:
+        index = ShardIndex(ckpt, read_meta(ckpt))
+        kinds: dict[int, dict[str, tuple]] = {}
+        if fragments.holder(engine) == "plain":  # a torch optimizer's state per parameter, as saved for it
+            for _, name, p in naming.params(engine.module):
+                own = index.shape(name, "fp32")
+                kinds[id(p)] = {k: tuple(p.shape) if index.shape(name, k) == own else index.shape(name, k)
+                                for k in index.kinds(name) if k not in ("fp32", "buffer")}
+        fragments.init_state(engine, client.get("optimizer", {}), kinds)
+        for piece in fragments.pieces(engine, naming, coords, sizes):
+            for kind in ["fp32", *piece.moments]:
+                buf = torch.empty(piece.numel, dtype=torch.float32)
+                index.read(Shard(piece.name, kind, piece.shape, piece.tp, piece.start, piece.numel), buf)
+                target = piece.view(kind)
+                target.copy_(buf.to(target.device))
+            for kind, value in piece.extra.items():
+                value.copy_(index.whole(piece.name, kind))
+        for _, name, value in naming.buffers(engine.module):
+            if index.by_key.get((name, "buffer")):
+                value.copy_(index.whole(name, "buffer"))
+
+    def load_rng(self, ckpt: Storage, device) -> None:
+        rel = f"rng/rank{self.dist.rank:05d}.json"
+        if ckpt.exists(rel):  # absent when resuming on more ranks than saved: keep the seeded RNG
+            try:
+                set_rng_state(parse_json(ckpt.read(rel, max_bytes=MAX_JSON_BYTES), f"{ckpt}/{rel}"), device)
+            except (KeyError, TypeError, ValueError) as err:
+                raise CheckpointError(f"checkpoint file {ckpt}/{rel} is corrupt ({type(err).__name__}: {err}); "
+                                      f"use an earlier checkpoint") from None
 
 
-def verify(path: Path) -> dict:
-    """Check that ``path`` is a complete checkpoint: meta.json and every file at its size."""
-    meta_file = path / "meta.json"
-    if not meta_file.exists():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no meta.json): a save was "
-                              f"interrupted or this is not a checkpoint directory")
+def _kinds(piece) -> list[str]:
+    """The fp32 master and every optimizer moment held for this piece in the parameter's shape."""
+    return ["fp32", *piece.moments]
+
+
+def _read_small(location: str) -> bytes:
+    """A file of the run (the tokenizer), local or remote, bounded."""
+    storage, name = Storage(location).parent_and_name()
+    return storage.read(name, max_bytes=MAX_TOKENIZER_BYTES)
+
+
+def _saved_at(path: Storage) -> float:
     try:
-        meta = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{meta_file} is corrupt ({err}); use an earlier checkpoint") from None
-    for rel, size in meta["files"].items():
-        f = path / rel
-        if not f.exists():
-            raise CheckpointError(f"checkpoint {path} is missing {rel}; use an earlier checkpoint")
-        if f.stat().st_size != size:
-            raise CheckpointError(f"checkpoint {path}: {rel} is {f.stat().st_size} bytes, expected "
-                                  f"{size} (truncated or overwritten); use an earlier checkpoint")
-    return meta
-
-
-def consolidated_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """fp32 model weights of any checkpoint (any ZeRO stage, any world size) + its meta.json."""
-    path = Path(path)
-    meta = verify(path)
-    state_dir = path / TAG
-    if (path / "universal").is_dir():  # whole tensors under the unsplit names, whatever the layout
-        from glm_dist.parallel.universal import state_dict
-
-        return {k: v.float() for k, v in _with_tied(state_dict(path / "universal"), meta).items()}, meta
-    if meta.get("config", {}).get("parallel", {}).get("pipeline_stages", 1) > 1:
-        from glm_dist.parallel.pipeline import pipeline_state_dict
-
-        return {k: v.float() for k, v in pipeline_state_dict(state_dir, meta["model_config"]["n_layer"]).items()}, meta
-    if meta.get("zero_stage", 0) >= 1:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        sd = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
-    else:
-        sd = torch.load(state_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-    return {k: v.float() for k, v in sd.items()}, meta
-
-
-def _with_tied(sd: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
-    """Add the names a tied weight also goes by (GPT's ``head.lm_head.weight`` is the token
-    embedding), as a full ``state_dict()`` lists them."""
-    from glm_dist.models.registry import build_model, model_config_from_dict
-
-    with torch.device("meta"):
-        model = build_model(meta["model_family"], model_config_from_dict(meta["model_family"], meta["model_config"]))
-    first: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        first.setdefault(id(p), name)
-        if name not in sd and first[id(p)] in sd:
-            sd[name] = sd[first[id(p)]]
-    return sd
-
-
-def saved_layout(path: Path) -> dict:
-    """The (data, pipeline, tensor, ZeRO) layout a checkpoint was saved at."""
-    meta = json.loads((Path(path) / "meta.json").read_text())
-    if "layout" in meta:
-        return meta["layout"]
-    p = meta.get("config", {}).get("parallel", {})
-    pp, tp = p.get("pipeline_stages", 1), p.get("tensor_parallel", 1)
-    return {"data": meta["world_size"] // (pp * tp), "pipeline": pp, "tensor": tp, "zero_stage": meta.get("zero_stage", 0)}
-
-
-def universal_dir(path: Path) -> Path:
-    """The checkpoint's universal form (whole fp32 weights and moments per parameter)."""
-    from glm_dist.parallel.universal import DIR
-
-    d = Path(path) / DIR
-    if not d.is_dir():
-        raise CheckpointError(f"{path} was saved at layout {saved_layout(path)} without a universal form "
-                              f"(train.universal_checkpoint=false); resume it at that layout")
-    return d
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+        return float(read_meta(path).get("saved_at", 0.0))
+    except CheckpointError:
+        return 0.0

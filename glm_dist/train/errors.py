@@ -1,4 +1,5 @@
 """Errors that end a training run with a message instead of a traceback."""
+from glm_dist.errors import GlmError
 
 
 class TrainingDiverged(RuntimeError):
@@ -9,3 +10,7 @@ class Preempted(RuntimeError):
     """A stop signal arrived; a checkpoint was written. Exit code 75 asks the launcher to requeue."""
 
     exit_code = 75  # EX_TEMPFAIL
+
+
+class CollectiveTimeout(GlmError, RuntimeError):
+    """A collective that some rank never joined (hung or dead); the message names the ranks."""

@@ -14,31 +14,41 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
 from glm_dist.config.checks import check_launcher_agrees, model_config, seq_len, validate
 from glm_dist.config.loader import ConfigError, to_dict
 from glm_dist.config.schema import Config
-from glm_dist.data.loader import Loader, validation_batches
+from glm_dist.config.deepspeed_json import deepspeed_config
+from glm_dist.data.loader import Loader, read_tokenizer, validation_batches
+from glm_dist.data.shared import TensorShared
 from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import byte_length_table, evaluate
-from glm_dist.models.registry import build_model
-from glm_dist.objectives.steps import forward_loss
-from glm_dist.objectives.registry import options_from_config
-from glm_dist.observability.flops import measure_matmul_peak, peak_flops
+from glm_dist.models.registry import build_model, family, resolve
+from glm_dist.objectives.base import to_device
+from glm_dist.objectives.registry import get_objective, options_from_config
+from glm_dist.observability.flops import mfu_peak
+from glm_dist.ops.cross_entropy import vocab_split
 from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
-from glm_dist.parallel.distributed import DistInfo, all_reduce, init_distributed
+from glm_dist.checkpoint.consolidate import saved_layout
+from glm_dist.checkpoint.files import CheckpointError, read_meta
+from glm_dist.checkpoint.writer import RankFiles
+from glm_dist.observability.redact import redact
+from glm_dist.parallel import comm
+from glm_dist.parallel.compile import compile_blocks
+from glm_dist.parallel.distributed import DistInfo, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
-from glm_dist.parallel.pipeline import pipeline_inputs
-from glm_dist.parallel import universal
+from glm_dist.parallel import fragments
 from glm_dist.parallel.topology import Topology
-from glm_dist.train.checkpoint import CheckpointManager, saved_layout, universal_dir
-from glm_dist.train.errors import Preempted, TrainingDiverged
+from glm_dist.train.checkpoint import CheckpointManager
+from glm_dist.train.streams import StreamMemory
+from glm_dist.train.errors import CollectiveTimeout, Preempted, TrainingDiverged
 from glm_dist.train.preemption import StopRequest
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.schedule import lr_at
+from glm_dist.transfer.pretrained import load_pretrained
+from glm_dist.transfer.tricks import discriminative_param_groups, layer_groups
 
 
 @dataclass
@@ -48,13 +58,26 @@ class TrainState:
     skipped_steps: int = 0  # steps skipped for a non-finite loss
 
 
+def allow_tf32(device: torch.device, precision: str) -> bool:
+    """fp32 runs on a GPU do their matmuls and convolutions as TF32 on the tensor cores (Megatron's
+    default; ~8x the fp32 rate, 10-bit mantissa inputs, fp32 accumulation). Returns whether it did."""
+    if torch.device(device).type != "cuda" or precision != "fp32":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
 class Trainer:
     def __init__(self, cfg: Config, dist: DistInfo | None = None):
-        self.cfg, self.dist = cfg, dist or init_distributed()
+        self.cfg, self.dist = cfg, dist or init_distributed(timeout_s=cfg.parallel.collective_timeout_s)
         validate(cfg, world_size=self.dist.world_size)
         check_launcher_agrees(cfg, dict(os.environ))
-        self.ckpts = CheckpointManager(Path(cfg.train.out_dir) / "checkpoints", self.dist)
-        self.resume_from = self.ckpts.resolve(cfg.train.resume)  # fails before anything is written
+        self.ckpts = CheckpointManager(cfg.train.checkpoint_dir or Path(cfg.train.out_dir) / "checkpoints", self.dist,
+                                       keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
+        # fails before anything is written (a checkpoint that does not verify, a stale lineage)
+        self.resume_from = self.ckpts.resolve(cfg.train.resume, overwrite=cfg.train.resume_overwrite)
+        self.resume_meta = read_meta(self.resume_from) if self.resume_from else None
         self.manifest = ensure_shards(cfg.data, self.dist)
         self.model_cfg = model_config(cfg)
         vocab = self.manifest["tokenizer"]["vocab_size"]
@@ -62,58 +85,94 @@ class Trainer:
             raise ConfigError(f"the tokenizer in {cfg.data.shards_dir} has {vocab} tokens but "
                               f"model.vocab_size is {self.model_cfg.vocab_size}; set model.vocab_size >= {vocab}")
         self.seq_len = seq_len(cfg)
+        self.objective = get_objective(cfg.objective.name)
         torch.manual_seed(cfg.train.seed)
-        # train.init=local: only this pipeline stage's layers are ever built (parallel/init.py)
+        # train.init=local: only this pipeline stage's layers are ever built; unpipelined, each
+        # parameter drawn by its own seeded rule, and under ZeRO-3 built partitioned (parallel/init.py)
         self.local_init = cfg.train.init == "local" and cfg.parallel.pipeline_stages > 1
-        with torch.device("meta") if self.local_init else contextlib.nullcontext():
-            model = build_model(cfg.model.family, self.model_cfg)
+        model = self._build_model()
         model.activation_checkpointing = cfg.train.activation_checkpointing
+        prepare = family(cfg.model.family).prepare  # inputs read from the data set, never trained (CoVe's GloVe)
+        if prepare and not self.local_init:
+            resolve(prepare)(model, self.manifest, cfg.data.shards_dir)
+        if cfg.train.init_from and self.resume_from is None:  # a new run from pretrained weights (ULMFiT's stage 2)
+            load_pretrained(model, cfg.train.init_from, family=cfg.model.family,
+                            tokenizer_sha256=self.manifest["tokenizer"]["sha256"])
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
         p = cfg.parallel
         self.topo = Topology.for_world(self.dist.world_size, p.pipeline_stages, p.tensor_parallel)
         self.coords = self.topo.coords(self.dist.rank)
         self.pipelined = self.topo.pipeline > 1
-        # Resuming on another layout reads the universal checkpoint: the whole model's weights now
-        # (stages and tensor slices are cut from them below), the optimizer moments once the
-        # engine exists.
-        self.universal = self.resume_from is not None and saved_layout(self.resume_from) != self.layout
-        if self.universal and not self.local_init:
-            universal.load_weights(model, universal_dir(self.resume_from))
-        self.mpu, self.naming, self.tensor_group = None, universal.Naming(), None
+        # A checkpoint of any layout is read once the engine exists: each rank reads the slices of
+        # the fp32 masters and moments it holds (train/checkpoint.py).
+        self.resharded = self.resume_from is not None and saved_layout(self.resume_meta) != self.layout
+        self.mpu, self.naming, self.tensor_group = None, fragments.Naming(), None
+        self.vocab_split = None  # this rank's vocabulary columns: losses are computed under it
         if self.pipelined:
             model = self._pipeline(model)
         elif self.topo.tensor > 1:
             model = self._tensor_parallel(model)
+        if cfg.train.compile:  # torch.compile per transformer block, in place (parallel/compile.py)
+            compile_blocks(model, backend=cfg.train.compile_backend)
         dp_rank, dp_size = self.coords["data"], self.topo.data
-        self.optimizer = build_optimizer(model, cfg.train)
+        groups = None  # discriminative fine-tuning: one rate per layer group (transfer/tricks.py)
+        if cfg.train.discriminative_lr:
+            groups = discriminative_param_groups(layer_groups(model), factor=cfg.train.discriminative_lr,
+                                                 weight_decay=cfg.train.weight_decay)
+        self.optimizer = build_optimizer(model, cfg.train, groups)
         self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size, mpu=self.mpu)
         if self.pipelined:
             from glm_dist.parallel.pipeline import NonFiniteGuard
 
-            self.guard = NonFiniteGuard(self.engine, self.optimizer)
-        loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective),
+            self.guard = NonFiniteGuard(self.engine, self.optimizer, stop=lambda: self.stop.received is not None)
+        # Transformer-XL memory: the batch becomes parallel streams, each with its memory (train/streams.py)
+        self.memory = StreamMemory() if getattr(self.model_cfg, "mem_len", 0) > 0 else None
+        loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective, self.model_cfg),
+                           streams=self.memory is not None,
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                            grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=dp_rank,
-                           dp_size=dp_size, seed=cfg.train.seed, shuffle_window=cfg.data.shuffle_window)
-        self.loader = (WorkerLoader(cfg.data.shards_dir, num_workers=cfg.data.num_workers, **loader_args)
-                       if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
+                           dp_size=dp_size, seed=cfg.train.seed, shuffle_window=cfg.data.shuffle_window,
+                           cache_dir=cfg.data.cache_dir, read_gap_bytes=cfg.data.read_gap_bytes,
+                           read_retries=cfg.data.read_retries, read_backoff_s=cfg.data.read_backoff_s,
+                           # a middle pipeline stage takes no batch from the loader: it reads nothing
+                           reads=not self.pipelined or self.coords["pipeline"] in (0, self.topo.pipeline - 1))
+        # the tensor ranks of a replica share one read: tensor rank 0's, broadcast (data/shared.py)
+        shared = self.topo.tensor > 1 and loader_args["reads"]
+        if shared and self.coords["tensor"] > 0:
+            self.loader = Loader(cfg.data.shards_dir, **{**loader_args, "reads": False})
+        elif getattr(self.objective, "loader", None):  # an objective's own batch schedule (CVT: data/alternating.py)
+            self.loader = resolve(self.objective.loader)(cfg.data.shards_dir, num_workers=cfg.data.num_workers,
+                                                         **loader_args)
+        else:
+            self.loader = (WorkerLoader(cfg.data.shards_dir, num_workers=cfg.data.num_workers, **loader_args)
+                           if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
+        if shared:
+            self.loader = TensorShared(self.loader, self.tensor_group, lead=self.coords["tensor"] == 0)
         self.state = TrainState()
         if self.resume_from is not None:
-            (self._restore_universal if self.universal else self._restore)(self.resume_from)
+            self._restore(self.resume_from)
         self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len, objective=cfg.objective.name,
+                                              options=loader_args["options"],
                                               micro_batch_size=cfg.train.micro_batch_size,
                                               num_batches=cfg.train.eval_batches, dp_rank=dp_rank,
                                               dp_size=dp_size)
-        tok = Tokenizer.from_file(f"{cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}")
+        tok = read_tokenizer(cfg.data.shards_dir, self.manifest)
         self.byte_lengths = byte_length_table(tok, self.model_cfg.vocab_size)
         self.autocast = (torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
                          if cfg.train.precision == "bf16-autocast" else contextlib.nullcontext())
         self.log = RunLogger(cfg, is_main=self.dist.is_main, start_step=self.state.step,
                              attachments={"data_manifest.json": self.manifest})
+        self.tasks = None  # in-loop lm-eval tasks (eval/in_loop.py); lm-eval is imported only when asked for
+        if cfg.eval.tasks:
+            from glm_dist.eval.in_loop import in_loop_eval
+
+            self.tasks = in_loop_eval(cfg, self.engine.module, tok, dp_rank, dp_size)
         self.stop = StopRequest(cfg.train.stop_signals)
-        # MFU's denominator: a known GPU's datasheet peak, else this process's measured matmul peak.
-        self.peak_flops = peak_flops() or (measure_matmul_peak(
-            torch.float32 if cfg.train.precision == "fp32" else torch.bfloat16, seconds=0.5) if self.dist.is_main else None)
+        self.stop_agreed = False  # set by each step's all-reduce
+        self._pending: tuple | None = None  # the last step's metrics row, written at the next sync
+        allow_tf32(self.engine.device, cfg.train.precision)
+        # MFU's denominator: a known GPU's datasheet peak, else the matmul peak measured on the run's device
+        self.peak_flops = mfu_peak(self.engine.device, cfg.train.precision, measure=self.dist.is_main)
 
     @property
     def layout(self) -> dict:
@@ -121,13 +180,42 @@ class Trainer:
                 "zero_stage": self.cfg.parallel.zero_stage}
 
     def _tensor_parallel(self, model):
-        """Attention heads and FFN width split over the tensor-parallel group (no pipeline)."""
-        from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, shard_model
+        """Attention heads and FFN width split over the tensor-parallel group (no pipeline); the
+        vocabulary too, and the sequence, where the config and the family ask for it."""
+        from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, model_vocab_split, shard_model
 
         self.mpu = ParallelGroups(self.topo, self.dist.rank)
         self.tensor_group = self.mpu.get_model_parallel_group()
-        shard_model(model, self.coords["tensor"], self.topo.tensor, self.tensor_group)
+        shard_model(model, self.coords["tensor"], self.topo.tensor, self.tensor_group, vocab=self._vocab_parallel,
+                    sequence=self.cfg.parallel.sequence_parallel)
+        self.vocab_split = model_vocab_split(model)
         mark_for_grad_norm(model, self.coords["tensor"])
+        return model
+
+    @property
+    def _vocab_parallel(self) -> bool:
+        return self.cfg.parallel.vocab_parallel and family(self.cfg.model.family).vocab_parallel
+
+    def _stage_loss(self, logits, labels):
+        """A pipeline's last stage: the objective's loss, on this rank's vocabulary columns."""
+        with vocab_split(self.vocab_split):
+            return self.objective.stage_loss(logits, labels)
+
+    def _build_model(self):
+        cfg = self.cfg
+        if cfg.train.init != "local" or cfg.parallel.pipeline_stages > 1:
+            with torch.device("meta") if self.local_init else contextlib.nullcontext():
+                return build_model(cfg.model.family, self.model_cfg)
+        from glm_dist.parallel.init import init_whole, partitioned_build
+
+        rule = dict(scaled_residual=family(cfg.model.family).scaled_residual_init, n_layer=self.model_cfg.n_layer,
+                    seed=cfg.train.seed)
+        if cfg.parallel.zero_stage == 3:  # parameters partitioned as they are made (deepspeed.zero.Init)
+            dp = self.dist.world_size // cfg.parallel.tensor_parallel
+            return partitioned_build(lambda: build_model(cfg.model.family, self.model_cfg),
+                                     deepspeed_config(cfg, dp_size=dp), **rule)
+        model = build_model(cfg.model.family, self.model_cfg)
+        init_whole(model, **rule)
         return model
 
     def _pipeline(self, model):
@@ -136,27 +224,27 @@ class Trainer:
         from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
         from glm_dist.parallel import pipeline
-        from glm_dist.parallel.tensor import shard_model
+        from glm_dist.parallel.tensor import model_vocab_split, shard_model
 
         cfg, n_layer = self.cfg, self.model_cfg.n_layer
         topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=self.topo.tensor, num_dp=self.topo.data)
-        build, rename = {"gpt": (pipeline.gpt_pipeline, pipeline._source_name),
-                         **{f: (pipeline.encoder_pipeline, pipeline.encoder_source_name)
-                            for f in pipeline.PIPELINE_ENCODERS}}[cfg.model.family]
+        spec = family(cfg.model.family).pipeline
+        build, rename = resolve(spec.build), resolve(spec.rename)
         try:
-            pipe = build(model, stages=self.topo.pipeline, topology=topology, partition=cfg.parallel.pipeline_partition,
+            pipe = build(model, stages=self.topo.pipeline, loss_fn=self._stage_loss, topology=topology,
+                         partition=cfg.parallel.pipeline_partition,
                          checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
                          local_seed=cfg.train.seed if self.local_init else None)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        if self.universal and self.local_init:  # the stage's weights from the universal checkpoint
-            universal.load_stage(pipe, universal_dir(self.resume_from), lambda key: rename(key, n_layer))
         if self.topo.tensor > 1:
             self.tensor_group = pipe._grid.get_slice_parallel_group()
-            shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group)
+            shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group, vocab=self._vocab_parallel)
+            self.vocab_split = model_vocab_split(pipe)
         pipeline.mark_for_grad_norm(pipe, tensor_rank=self.coords["tensor"])
-        self.naming = universal.Naming(rename=lambda key: rename(key, n_layer),
-                                       owned=lambda key: not key.startswith("tied_modules.") or pipe.stage_id == 0)
+        # the tied embedding's copies on the first and the last stage each write half of it
+        self.naming = fragments.Naming(rename=lambda key: rename(key, n_layer),
+                                       tied=fragments.pipeline_tied(pipe, self.dist.rank))
         return pipe
 
     # -- the loop -------------------------------------------------------------------------
@@ -167,21 +255,28 @@ class Trainer:
                          f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
                          + (f"; {self.topo.describe()}" if self.topo.world_size > self.topo.data else "")
                          + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else "")
-                         + (f" (universal checkpoint saved at {saved_layout(self.resume_from)})" if self.universal else ""))
-        before = self.validate()
-        end = min(t.max_steps, t.stop_at_step or t.max_steps)
-        while self.state.step < end:
-            self.train_step()
-            step = self.state.step
-            if t.eval_interval and step % t.eval_interval == 0 and step < end:
-                self.validate()
-            if t.save_interval and step % t.save_interval == 0 and step < end:
+                         + (f" (saved at {saved_layout(self.resume_meta)}: resharded)" if self.resharded else ""))
+        try:
+            before = self.validate()
+            end = min(t.max_steps, t.stop_at_step or t.max_steps)
+            while self.state.step < end:
+                self.train_step()
+                step = self.state.step
+                if t.eval_interval and step % t.eval_interval == 0 and step < end:
+                    self.validate()
+                if self.tasks and self.tasks.due(step):  # between steps: no step's tokens/s includes it
+                    self.log.tasks(step, self.tasks.run(self.engine.module, step))
+                if t.save_interval and step % t.save_interval == 0 and step < end:
+                    self.save()
+                if self.stop_agreed and step < end:
+                    self._preempt()
+            after = self.validate()
+            if self.state.step > start or self.resume_from is None:
                 self.save()
-            if self.stop.agreed() and step < end:
-                self._preempt()
-        after = self.validate()
-        if self.state.step > start or self.resume_from is None:
-            self.save()
+        except RuntimeError as err:
+            if comm.is_timeout(err):
+                raise self._timed_out(err) from None
+            raise
         self._write_memory()
         summary = {"val_loss_before": before["loss"], "val_perplexity_before": before["perplexity"],
                    "val_loss": after["loss"], "val_perplexity": after["perplexity"],
@@ -198,38 +293,61 @@ class Trainer:
         self.log.close(summary)
         return summary
 
+    def _timed_out(self, err: RuntimeError) -> CollectiveTimeout:
+        """A collective some rank never joined: name the missing ranks (rank 0 asks them all)."""
+        missing = comm.diagnose_timeout()
+        limit = self.cfg.parallel.collective_timeout_s
+        who = (f"rank(s) {', '.join(map(str, missing))} did not reach it" if missing
+               else "rank 0 names the missing ranks" if missing is None else "every rank answers now")
+        self.log.close()
+        return CollectiveTimeout(f"step {self.state.step + 1}: a collective timed out after {limit:g} s "
+                                 f"(parallel.collective_timeout_s); {who} -- a hung or dead process: look at its "
+                                 f"log, or its stack with py-spy dump --pid; the last complete checkpoint under "
+                                 f"{self.ckpts.root} is untouched")
+
     def train_step(self) -> None:
-        """One optimizer step over ``grad_accum_steps`` micro batches on every rank."""
+        """One optimizer step over ``grad_accum_steps`` micro batches on every rank, with one
+        all-reduce and one host sync: the loss, the bad-step flag and the stop flag, agreed just
+        before the optimizer steps (DeepSpeed steps it at the last micro batch)."""
         t0 = time.perf_counter()
-        step = self.state.step
-        set_lr(self.engine, lr_at(step, self.cfg.train))
+        set_lr(self.engine, lr_at(self.state.step, self.cfg.train))
         if self.pipelined:  # DeepSpeed runs the micro batches through the stages (1F1B) and steps
             dev = self.engine.device
-            batches = [pipeline_inputs(self.cfg.objective.name, b, dev) for b in self.loader.next_step()]
+            batches = [self.objective.stage_inputs(b, dev) for b in self.loader.next_step()]
             mean_loss = float(self.engine.train_batch(iter(batches)))  # the mean over all micro batches and replicas
-            self.state.step += 1
-            self.state.tokens += self.loader.global_batch_size * self.seq_len
-            if self.guard.skipped:
-                self._count_skip(mean_loss)
-            self._log_step(mean_loss, time.perf_counter() - t0)
-            return
-        losses, bad = [], False
-        for batch in self.loader.next_step():
-            with self.autocast:
-                loss, _ = forward_loss(self.cfg.objective.name, self.engine, batch, self.engine.device)
-            # Every rank must agree that the step is bad, or their weights diverge.
-            bad = bad or all_reduce([float(not torch.isfinite(loss))], "max")[0] > 0
-            self.engine.backward(loss)
-            losses.append(loss.item())
-            self.optimizer.skip_next = bad  # read by the optimizer step at the accumulation boundary
-            self.engine.step()
-        self.optimizer.skip_next = False
+            self.stop_agreed, skipped = self.guard.stop_requested, self.guard.skipped
+        else:
+            mean_loss, skipped = self._accumulate_and_step(self.loader.next_step())
         self.state.step += 1
         self.state.tokens += self.loader.global_batch_size * self.seq_len
-        mean_loss = all_reduce([sum(losses) / len(losses)])[0] / self.dist.world_size
-        if bad:
+        if skipped:
             self._count_skip(mean_loss)
         self._log_step(mean_loss, time.perf_counter() - t0)
+
+    def _accumulate_and_step(self, batches: list[dict]) -> tuple[float, bool]:
+        dev = self.engine.device
+        stats = torch.zeros(3, dtype=torch.float64, device=dev)  # [loss sum, non-finite losses, stop]
+        for i, batch in enumerate(batches):
+            rows = batch.pop("rows", None)
+            batch = to_device(batch, dev)
+            if self.memory is not None:
+                batch["mems"] = self.memory.take(rows, dev)
+            with self.autocast, vocab_split(self.vocab_split):
+                loss, sums = self.objective.loss(self.engine, batch, metrics=False)
+            if self.memory is not None:
+                self.memory.put(rows, sums["mems"])
+            stats[0] += loss.detach().double()
+            stats[1] += (~torch.isfinite(loss.detach())).double()
+            self.engine.backward(loss)
+            if i == len(batches) - 1:  # every rank agrees, or their weights diverge
+                stats[2] = float(self.stop.received is not None)
+                loss_sum, bad, stop = comm.all_reduce_(stats).tolist()  # the step's one host sync
+                self._flush_log()  # the previous step's row: its grad norm is ready now
+                self.optimizer.skip_next = bad > 0  # read by the optimizer step at the boundary
+            self.engine.step()
+        self.optimizer.skip_next = False
+        self.stop_agreed = stop > 0
+        return loss_sum / (len(batches) * self.dist.world_size), bad > 0
 
     def _write_memory(self) -> None:
         """This rank's measured model-state bytes (``glm plan`` predicts them; tests compare)."""
@@ -253,6 +371,7 @@ class Trainer:
         self.log.message(f"step {self.state.step}: non-finite loss ({loss}); step skipped "
                          f"({self.state.skipped_steps} of at most {limit})")
         if self.state.skipped_steps > limit:
+            self._flush_log()
             self.log.close()
             raise TrainingDiverged(
                 f"{self.state.skipped_steps} steps had a non-finite loss (train.max_skipped_steps={limit}); "
@@ -260,64 +379,91 @@ class Trainer:
                 f"lower train.lr, check the data, or raise train.max_skipped_steps")
 
     def _log_step(self, loss: float, seconds: float) -> None:
+        """Queue this step's row; it is written at the next step's sync (or before a validation,
+        a save or the end), when reading the grad norm costs no extra device sync."""
         tokens_per_s = self.loader.global_batch_size * self.seq_len / seconds
-        grad_norm = self.engine.get_global_grad_norm()
-        metrics = {"loss": loss, "lr": lr_at(self.state.step - 1, self.cfg.train),
-                   "grad_norm": float(grad_norm) if grad_norm is not None else None,
+        metrics = {"loss": loss, "lr": lr_at(self.state.step - 1, self.cfg.train), "grad_norm": None,
                    "tokens_per_s": tokens_per_s, "tokens": self.state.tokens,
                    "epoch": self.loader.epoch, "skipped_steps": self.state.skipped_steps}
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
-        self.log.train_step(self.state.step, metrics)
+        self._flush_log()
+        self._pending = (self.state.step, metrics, self.engine.get_global_grad_norm())
+
+    def _flush_log(self) -> None:
+        if self._pending is not None:
+            step, metrics, grad_norm = self._pending
+            self._pending = None
+            metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else None
+            self.log.train_step(step, metrics)
 
     def validate(self) -> dict:
+        self._flush_log()
+        self._log_reads()
         if self.pipelined:
             from glm_dist.parallel.pipeline import pipeline_validate
 
-            metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths, self.cfg.objective.name)
+            metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths, self.objective)
             metrics["tokens"] //= self.topo.pipeline * self.topo.tensor
             self.log.validation(self.state.step, metrics)
             return metrics
         self.engine.eval()
-        with self.autocast:
+        with self.autocast, vocab_split(self.vocab_split):
             metrics = evaluate(self.engine, self.val_batches, byte_lengths=self.byte_lengths,
-                               device=self.engine.device, objective=self.cfg.objective.name)
+                               device=self.engine.device, objective=self.objective)
         metrics["tokens"] //= self.topo.tensor  # tensor ranks of a replica evaluate the same batches
         self.engine.train()
         self.log.validation(self.state.step, metrics)
         return metrics
 
+    def _log_reads(self) -> None:
+        """Every rank's data reads so far, summed (one host round trip per validation, never per
+        step): bytes, requests and skipped documents; shards are skipped on every rank alike."""
+        counts = self.loader.read_counts()
+        keys = ("bytes_read", "read_requests", "skipped_documents")
+        summed = comm.all_reduce_values([float(counts[k]) for k in keys])
+        self.log.data(self.state.step, {**{k: int(v) for k, v in zip(keys, summed)},
+                                        "skipped_shards": counts["skipped_shards"]})
+
     # -- state ----------------------------------------------------------------------------
-    def save(self) -> Path:
+    def save(self) -> str:
+        """Checkpoint now: the shards are copied to host memory and written in the background; the
+        end of the run and a stop signal wait until the checkpoint is committed."""
+        self._flush_log()
+        t = self.cfg.train
         client = {"train_state": asdict(self.state), "data": self.loader.state_dict()}
-        meta = {"config": to_dict(self.cfg), "zero_stage": self.cfg.parallel.zero_stage, "layout": self.layout,
-                "world_size": self.dist.world_size, "model_family": self.cfg.model.family,
+        meta = {"config": redact(to_dict(self.cfg)), "zero_stage": self.cfg.parallel.zero_stage,
+                "layout": self.layout, "world_size": self.dist.world_size, "model_family": self.cfg.model.family,
                 "model_config": asdict(self.model_cfg), "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
-                "shards_dir": str(Path(self.cfg.data.shards_dir).resolve())}
-        tokenizer = Path(self.cfg.data.shards_dir) / self.manifest["tokenizer"]["file"]
-        writer = self.coords["data"] == 0 and self.coords["tensor"] == 0  # one rank per pipeline stage
-        also = (lambda tmp: universal.save(self.engine, tmp / universal.DIR, self.naming, writer=writer,
-                                           tensor_group=self.tensor_group, tensor_size=self.topo.tensor,
-                                           client_state=client if self.dist.is_main else None)
-                ) if self.cfg.train.universal_checkpoint else None
-        path = self.ckpts.save(self.engine, self.state.step, client, meta,
-                               extra_files={"tokenizer.json": tokenizer}, also=also)
-        self.ckpts.rotate(keep_last=self.cfg.train.keep_last, keep_every=self.cfg.train.keep_every)
-        self.log.message(f"checkpoint: {path}")
-        return path
+                "shards_dir": redact(str(Path(self.cfg.data.shards_dir).resolve()))
+                if "://" not in self.cfg.data.shards_dir else redact(self.cfg.data.shards_dir),
+                "resumed_from": str(self.resume_from) if self.resume_from else None}
+        extra = RankFiles(self.dist.rank)
+        if self.memory is not None and self.coords["tensor"] == 0:
+            self.memory.capture(extra)
+        last = self.stop_agreed or self.state.step >= min(t.max_steps, t.stop_at_step or t.max_steps)
+        path = self.ckpts.save(self.engine, self.state.step, naming=self.naming, coords=self.coords,
+                               sizes={"data": self.topo.data, "tensor": self.topo.tensor}, client_state=client,
+                               meta=meta, extra=extra, tokenizer=f"{self.cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}",
+                               deepspeed_files=t.deepspeed_checkpoint, wait=last)
+        self.log.message(f"checkpoint: {path}" + ("" if last else f" ({self.ckpts.last_save['blocking_s']:.2f} s "
+                                                                   f"blocking; writing in the background)"))
+        return str(path)
 
-    def _restore_universal(self, path: Path) -> None:
-        """Optimizer moments and the run's position from a checkpoint saved on another layout."""
-        universal.load_optimizer(self.engine, universal_dir(path), self.naming, tensor_rank=self.coords["tensor"],
-                                 tensor_size=self.topo.tensor)
-        client = torch.load(universal_dir(path) / "client_state.pt", weights_only=False)
-        self.state = TrainState(**client["train_state"])
-        self.loader.load_state_dict(client["data"])
+    def _restore(self, path) -> None:
+        """Masters, moments, buffers and RNG from a checkpoint of any layout, then the run's position."""
+        self._set_position(self.ckpts.load(self.engine, path, self.naming, self.coords,
+                                           {"data": self.topo.data, "tensor": self.topo.tensor}))
 
-    def _restore(self, path: Path) -> None:
-        client = self.ckpts.load(self.engine, path)
-        self.state = TrainState(**client["train_state"])
-        self.loader.load_state_dict(client["data"])
+    def _set_position(self, client: dict) -> None:
+        if self.memory is not None:
+            self.memory.load(self.resume_from, self.resume_meta)
+        try:
+            self.state = TrainState(**client["train_state"])
+            self.loader.load_state_dict(client["data"])
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"{self.resume_from}/client_state.json is corrupt ({type(err).__name__}: {err}); "
+                                  f"use an earlier checkpoint") from None
 
 
 def train(cfg: Config) -> dict:
@@ -328,4 +474,3 @@ def read_metrics(out_dir: str | Path, kind: str = "train") -> list[dict]:
     """Rows of ``metrics.jsonl`` of one kind (``train`` or ``val``)."""
     lines = (Path(out_dir) / "metrics.jsonl").read_text().splitlines()
     return [row for row in map(json.loads, lines) if row["kind"] == kind]
-

@@ -1,14 +1,12 @@
 """Stop requests from signals (SLURM ``--signal``, preemption, ``scancel -s``, torchrun's SIGTERM).
 
-The handler only sets a flag; the loop checks it between steps, all ranks agree through one
-all-reduce (a signal may reach the ranks at different moments), and then every rank checkpoints
-and exits together.
+The handler only sets a flag; the ranks agree on it in the all-reduce each step already makes (a
+signal may reach the ranks at different moments), and then every rank checkpoints and exits
+together.
 """
 from __future__ import annotations
 
 import signal
-
-from glm_dist.parallel.distributed import all_reduce
 
 
 class StopRequest:
@@ -23,7 +21,3 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
-
-    def agreed(self) -> bool:
-        """True on every rank once any rank has received a stop signal (collective call)."""
-        return all_reduce([1.0 if self.received else 0.0], "max")[0] > 0

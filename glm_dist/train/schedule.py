@@ -1,5 +1,5 @@
 """Learning-rate schedules: linear warmup, then cosine / linear decay to ``min_lr_ratio * lr``;
-or T5's inverse square root.
+or T5's inverse square root; or ULMFiT's slanted triangular rates.
 
 A pure function of the step, so the scheduler's whole state is the step counter (exact resume).
 """
@@ -8,10 +8,13 @@ from __future__ import annotations
 import math
 
 from glm_dist.config.schema import TrainConfig
+from glm_dist.transfer.tricks import slanted_triangular
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
     """LR for optimizer step ``step`` (0-based)."""
+    if t.schedule == "stlr":  # ULMFiT's slanted triangular rates (transfer/tricks.py)
+        return slanted_triangular(step, t.max_steps, peak=t.lr, cut_frac=t.stlr_cut_frac, ratio=t.stlr_ratio)
     if t.schedule == "inverse_sqrt":  # T5: 1/sqrt(max(n, warmup)) -- flat during warmup, no ramp
         return t.lr / math.sqrt(max(step + 1, t.warmup_steps, 1))
     if step < t.warmup_steps:

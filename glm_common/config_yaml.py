@@ -1,0 +1,172 @@
+"""YAML config files with ``base:`` inheritance, ``key=value`` overrides and a strict dataclass schema:
+the rules of training configs (``glm_dist.config``) and data-pipeline recipes (``data_pipeline.recipe``).
+
+Each leaf value remembers where it was set (a file or the command line), so every error can say
+which key is wrong and which file to edit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from glm_common.errors import GlmError
+
+CLI = "<command line>"
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
+class ConfigError(GlmError, ValueError):
+    """A config that cannot be used; the message names the key, its source and the fix."""
+
+
+def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (),
+                    lists: tuple[str, ...] = ()) -> Any:
+    """The same YAML rules for any dataclass schema (training configs, data-pipeline recipes).
+    ``lists``: top-level keys whose value may be given as one string or comma-separated strings."""
+    tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        _merge_file(Path(path), tree, sources, chain=())
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(tree, sources, key, value, CLI)
+    for key in lists:
+        if isinstance(tree.get(key), str):
+            tree[key] = [part for part in tree[key].split(",") if part]
+    cfg = _build(cls, tree, sources, prefix="")
+    cfg.__dict__["_sources"] = sources
+    return cfg
+
+
+def source_of(cfg: Any, key: str) -> str:
+    """Where ``key`` (dotted) was set: a file path, the command line, or the schema default."""
+    return cfg.__dict__.get("_sources", {}).get(key, "<default>")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...]) -> None:
+    path = path.resolve() if path.exists() else path
+    if not path.exists():
+        where = f" (base of {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file {path}{where} does not exist")
+    if path in chain:
+        raise ConfigError(f"config inheritance loops: {' -> '.join(map(str, chain + (path,)))}")
+    if not path.is_file():
+        raise ConfigError(f"config {path} is not a file (a directory?); pass a YAML file, e.g. "
+                          f"configs/experiments/gpt2-tiny-cpu.yaml")
+    with path.open("rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a config file")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config {path} is not UTF-8 text (byte {err.start}): not a YAML config file") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping at the top level, got {type(data).__name__}")
+    bases = data.pop("base", None)
+    for base in [bases] if isinstance(bases, str) else (bases or []):
+        _merge_file(path.parent / base, tree, sources, chain + (path,))
+    for key, value in _flatten(data):
+        _set_dotted(tree, sources, key, value, str(path))
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    items = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            items.extend(_flatten(value, dotted + "."))
+        else:
+            items.append((dotted, value))
+    return items
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=3e-4)")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _set_dotted(tree: dict, sources: dict, key: str, value: Any, source: str) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {'.'.join(parts[:-1])} is a value, not a section ({source})")
+        node = child
+    node[parts[-1]] = value
+    sources[key] = source
+
+
+def _build(cls: type, data: dict, sources: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            dotted = prefix + key
+            src = _source_under(sources, dotted)
+            raise ConfigError(
+                f"unknown key '{dotted}' in {src}; known keys of "
+                f"'{prefix[:-1] or 'config'}': {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, value in data.items():
+        dotted = prefix + name
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{dotted}' in {sources.get(dotted, '?')} must be a section")
+            kwargs[name] = _build(hint, value, sources, dotted + ".")
+        else:
+            kwargs[name] = _check_type(dotted, value, hint, sources.get(dotted, "?"))
+    return cls(**kwargs)
+
+
+def _source_under(sources: dict, dotted: str) -> str:
+    for key, src in sources.items():
+        if key == dotted or key.startswith(dotted + "."):
+            return src
+    return "?"
+
+
+def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # Optional[X], X | None
+        if value is None:
+            return None
+        return _check_type(key, value, next(a for a in args if a is not type(None)), source)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"'{key}' = {value!r} in {source}: must be one of {list(args)}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if hint is list and isinstance(value, list):
+        return value
+    expected = origin or hint
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"'{key}' = {value!r} in {source}: expected {getattr(expected, '__name__', expected)}, "
+            f"got {type(value).__name__}")
+    return value

@@ -1,0 +1,225 @@
+"""Reading the token ranges a rank's samples pack, by byte range (ARCHITECTURE.md decision 12).
+
+A token range [first, end) of a document is ``(end - first) * itemsize`` bytes at ``token_offset +
+first * itemsize`` of its shard (data/index.py): the raw data of its ``tokens.npy`` member. The
+ranges of one step are grouped by shard, sorted, and neighbours closer than ``gap_bytes`` are
+coalesced into one request (at most ``max_request_bytes``); each request is one seek and one read
+through fsspec (``open_url``: paths and any allowed URL; plain HTTP with no read-ahead, so a request
+fetches exactly its bytes), counted in ``stats``. ``cache_dir`` puts a node-local block cache
+(fsspec ``blockcache::``) in front of remote shards. A request that fails is retried ``retries``
+times with exponential backoff; then its documents are skipped -- their tokens become ``filler`` so
+every sample keeps its shape and every rank its number of batches -- and counted. A shard whose
+size is not what its index says, or that is gone, is not retried: it is skipped for the rest of the run.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from glm_dist.data.index import DocTable
+from glm_dist.data.plan import ADDRESS, DOC_SHIFT, TOKEN_MASK
+
+log = logging.getLogger(__name__)
+MAX_REQUEST_BYTES = 64 * 2**20
+OPEN_FILES = 16  # shard files kept open between steps
+
+
+@dataclass
+class ReadStats:
+    bytes: int = 0  # bytes returned by reads
+    requests: int = 0  # seek + read calls that returned data
+
+
+class _Permanent(OSError):
+    """A shard that retrying cannot fix (gone, or not the file its index describes)."""
+
+
+def intervals(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(doc, first, end) of the maximal runs of consecutive token addresses (``ADDRESS`` cleared)."""
+    keys = np.unique(addresses)
+    if not len(keys):
+        return (np.zeros(0, dtype=np.int64),) * 3
+    cut = np.flatnonzero(np.diff(keys) != 1) + 1
+    first, last = keys[np.concatenate([[0], cut])], keys[np.concatenate([cut - 1, [len(keys) - 1]])]
+    return first >> DOC_SHIFT, first & TOKEN_MASK, (last & TOKEN_MASK) + 1
+
+
+@dataclass
+class TokenStore:
+    """The tokens read for one step, found by address."""
+
+    keys: np.ndarray  # (I,) doc << 32 | first, sorted
+    ends: np.ndarray  # (I,) end token of each interval
+    bases: np.ndarray  # (I,) where each interval's tokens start in ``buffer``
+    ok: np.ndarray  # (I,) read successfully
+    buffer: np.ndarray  # the tokens, in the shards' dtype
+
+    def resolve(self, values: np.ndarray, filler: int) -> np.ndarray:
+        """``values`` with each address replaced by its token (``filler`` where it could not be read)."""
+        is_address = values >= ADDRESS
+        if self.buffer.dtype.names:  # structured records (co-occurrence triples): all addresses
+            out = np.zeros(len(values), dtype=self.buffer.dtype)
+            found, where = self._find(values[is_address] - ADDRESS)
+            out[np.flatnonzero(is_address)[found]] = self.buffer[where[found]]
+            return out
+        out = values.copy()
+        found, where = self._find(values[is_address] - ADDRESS)
+        tokens = np.full(int(is_address.sum()), filler, dtype=np.int64)
+        tokens[found] = self.buffer[where[found]]
+        out[is_address] = tokens
+        return out
+
+    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(whether each address was read, its index in ``buffer``)."""
+        if not len(self.keys):
+            return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
+        i = np.maximum(np.searchsorted(self.keys, keys, side="right") - 1, 0)
+        first = self.keys[i]
+        found = ((first <= keys) & (keys >> DOC_SHIFT == first >> DOC_SHIFT) & ((keys & TOKEN_MASK) < self.ends[i])
+                 & self.ok[i])
+        return found, self.bases[i] + (keys - first)
+
+
+def empty_store(dtype: np.dtype) -> TokenStore:
+    z = np.zeros(0, dtype=np.int64)
+    return TokenStore(z, z, z, np.zeros(0, dtype=bool), np.zeros(0, dtype=dtype))
+
+
+@dataclass
+class RangeReader:
+    table: DocTable
+    gap_bytes: int = 0
+    retries: int = 3
+    backoff_s: float = 0.5
+    cache_dir: str = ""
+    read_timeout_s: float = 60.0
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    stats: ReadStats = field(default_factory=ReadStats)
+    skipped: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    _files: OrderedDict = field(default_factory=OrderedDict)
+    _dead: dict[int, str] = field(default_factory=dict)
+
+    def read(self, doc: np.ndarray, first: np.ndarray, end: np.ndarray) -> TokenStore:
+        """The token intervals (sorted by document, then first token), read in coalesced requests."""
+        itemsize, lengths = self.table.dtype.itemsize, end - first
+        bases = np.concatenate([[0], np.cumsum(lengths)])
+        buffer = np.zeros(int(bases[-1]), dtype=self.table.dtype)
+        ok = np.ones(len(doc), dtype=bool)
+        start = np.asarray(self.table.token_offset[doc], dtype=np.int64) + first * itemsize
+        stop, shard = start + lengths * itemsize, self.table.shard_of(doc)
+        for s, members, lo, hi in self._requests(shard, start, stop):
+            try:
+                data = self._read(int(s), int(lo), int(hi - lo))
+            except OSError as err:
+                ok[members] = False
+                self._skip(int(s), doc[members], err)
+                continue
+            for m in members:
+                raw = data[start[m] - lo:stop[m] - lo]
+                buffer[bases[m]:bases[m + 1]] = np.frombuffer(raw, dtype=self.table.dtype)
+        return TokenStore(doc << DOC_SHIFT | first, end, bases[:-1], ok, buffer)
+
+    def _requests(self, shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
+        """(shard, member intervals, first byte, end byte) of each coalesced request."""
+        order = np.lexsort((start, shard))
+        current: list[int] = []
+        for m in order:
+            if current and (shard[m] != shard[current[0]] or start[m] - hi > self.gap_bytes
+                            or max(hi, stop[m]) - lo > self.max_request_bytes):
+                yield shard[current[0]], current, lo, hi
+                current = []
+            if not current:
+                lo, hi = start[m], stop[m]
+            current.append(int(m))
+            hi = max(hi, stop[m])
+        if current:
+            yield shard[current[0]], current, lo, hi
+
+    def _skip(self, shard: int, docs: np.ndarray, err: OSError) -> None:
+        self.skipped[f"unreadable_document:{self.table.url(shard)}"] += len(np.unique(docs))
+        self.errors.append(str(err))
+        log.warning("skipping %d document(s): %s", len(np.unique(docs)), err)
+
+    def _read(self, shard: int, start: int, size: int) -> bytes:
+        if shard in self._dead:
+            raise OSError(self._dead[shard])
+        for attempt in range(self.retries + 1):
+            try:
+                f = self._file(shard)
+                f.seek(start)
+                return self._read_exact(f, size, shard, start)
+            except _Permanent as err:
+                self._dead[shard] = str(err)
+                self._close(shard)
+                raise
+            except (OSError, ValueError) as err:
+                self._close(shard)
+                if attempt == self.retries:
+                    raise OSError(f"{self.table.url(shard)}: bytes {start}-{start + size}: {err}; gave up after "
+                                  f"{attempt + 1} attempt(s)") from None
+                wait = self.backoff_s * 2**attempt
+                log.warning("%s: %s; retry %d of %d in %g s", self.table.url(shard), err, attempt + 1, self.retries, wait)
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def _read_exact(self, f, size: int, shard: int, start: int) -> bytes:
+        chunks, got = [], 0
+        while got < size:
+            chunk = f.read(size - got)
+            if not chunk:
+                raise OSError(f"short read: {got} of {size} bytes at {start}")
+            chunks.append(chunk)
+            got += len(chunk)
+            self.stats.bytes += len(chunk)
+        self.stats.requests += 1
+        return b"".join(chunks)
+
+    def _file(self, shard: int):
+        if shard in self._files:
+            self._files.move_to_end(shard)
+            return self._files[shard]
+        f = self._open(shard)
+        self._files[shard] = f
+        while len(self._files) > OPEN_FILES:
+            _, old = self._files.popitem(last=False)
+            old.close()
+        return f
+
+    def _open(self, shard: int):
+        import io
+
+        from data_pipeline.remote import _http_schemes, open_url
+
+        url, kw = self.table.url(shard), {}
+        if self.cache_dir and "://" in url and "::" not in url and not url.startswith("file://"):
+            url, kw = f"blockcache::{url}", {"blockcache": {"cache_storage": self.cache_dir}}
+        elif _http_schemes(url) and "::" not in url:
+            kw = {"cache_type": "none"}  # no read-ahead: a request fetches its bytes, no more
+        try:
+            f = open_url(url, "rb", retries=0, read_timeout_s=self.read_timeout_s, **kw)
+        except FileNotFoundError:
+            raise _Permanent(f"{self.table.url(shard)} is missing") from None
+        f = f.detach() if isinstance(f, io.BufferedReader) else f  # the raw file: reads fetch what they ask
+        size = f.seek(0, 2)
+        if size != self.table.shard_bytes[shard]:
+            f.close()
+            raise _Permanent(f"{self.table.url(shard)} is {size} bytes but its index was made for "
+                             f"{self.table.shard_bytes[shard]}: truncated, corrupt or replaced")
+        return f
+
+    def _close(self, shard: int) -> None:
+        f = self._files.pop(shard, None)
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for shard in list(self._files):
+            self._close(shard)

@@ -1,0 +1,260 @@
+"""BERT's token-level heads through ``glm finetune``: span extraction (``--task span``, SQuAD) and
+token classification (``--task tokens``), from any encoder family and XLNet.
+
+- span: rows in SQuAD's format (``context``, ``question``, ``answers: {text, answer_start}``); the
+  input is the family's pair template of question and context (the longer cut first), the
+  answer's first and last tokens are found from the tokenizer's character offsets, and the loss is
+  the mean cross-entropy of the start and end positions. A prediction is the context span i <= j
+  (at most ``MAX_ANSWER_TOKENS``) of the highest start + end score, cut from the context by its
+  offsets; scored with SQuAD's exact match and F1 (``eval/squad.py``).
+- tokens: rows of ``tokens`` (words) and ``tags`` (a tag per word; null: not scored); each word's
+  first sub-token carries its label (BERT's NER recipe), scored by word accuracy.
+
+XLNet's inputs are padded on the left (its <cls> ends the sequence), the others' on the right.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Encoding, Tokenizer
+
+from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
+from glm_dist.config.loader import load_config
+from glm_dist.eval.squad import squad_scores
+from glm_dist.models.heads import SpanExtractor, TokenClassifier
+from glm_dist.parallel.engine import build_engine, set_lr
+from glm_dist.train.optim import build_optimizer
+
+MAX_ANSWER_TOKENS = 30
+IGNORE = -100
+# each task's fields when --text-field / --pair-field / --label-field are not given
+FIELDS = {"span": {"text_field": "context", "pair_field": "question", "label_field": "answers"},
+          "tokens": {"text_field": "tokens", "label_field": "tags"}}
+
+
+def fields(args) -> dict[str, str]:
+    """The row fields a token-level task reads: the options given, else the task's defaults."""
+    from glm_dist.train.finetune import FinetuneArgs
+
+    given = {k: getattr(args, k) for k in FIELDS[args.task]}
+    return {k: v if v != getattr(FinetuneArgs, k) else FIELDS[args.task][k] for k, v in given.items()}
+
+
+def pad(encodings: list[Encoding], pad_id: int, *, left: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Input tensors of a batch of encodings, and each row's shift (left padding moves its tokens)."""
+    width = max(len(e.ids) for e in encodings)
+    out = {k: torch.zeros(len(encodings), width, dtype=torch.long) for k in ("input_ids", "token_type_ids",
+                                                                            "attention_mask")}
+    out["input_ids"].fill_(pad_id)
+    shifts = []
+    for i, e in enumerate(encodings):
+        at = width - len(e.ids) if left else 0
+        for key, values in (("input_ids", e.ids), ("token_type_ids", e.type_ids), ("attention_mask", e.attention_mask)):
+            out[key][i, at:at + len(values)] = torch.tensor(values)
+        shifts.append(at)
+    return out, shifts
+
+
+def answer_tokens(enc: Encoding, start_char: int, end_char: int) -> tuple[int, int] | None:
+    """First and last context tokens of the character span [start_char, end_char), None if the
+    truncation cut any of it off."""
+    inside = [i for i, (seq, (a, b)) in enumerate(zip(enc.sequence_ids, enc.offsets))
+              if seq == 1 and b > start_char and a < end_char]
+    if not inside or enc.offsets[inside[-1]][1] < end_char:
+        return None
+    return inside[0], inside[-1]
+
+
+def span_data(rows: list[dict], tok: Tokenizer, f: dict, *, max_len: int, pad_id: int, left: bool) -> dict:
+    """Tensors of the rows with the answer's token positions (-100 when it was cut off), and what
+    predictions need: each row's context token offsets and its context."""
+    tok.no_padding()
+    tok.enable_truncation(max_len, strategy="longest_first")
+    encodings = tok.encode_batch([(str(r[f["pair_field"]]), str(r[f["text_field"]])) for r in rows])
+    data, shifts = pad(encodings, pad_id, left=left)
+    positions, contexts = torch.full((len(rows), 2), IGNORE), []
+    for i, (row, enc, shift) in enumerate(zip(rows, encodings, shifts)):
+        answers = row[f["label_field"]]
+        start = answers["answer_start"][0]
+        found = answer_tokens(enc, start, start + len(answers["text"][0]))
+        if found is not None:
+            positions[i] = torch.tensor(found) + shift
+        contexts.append({shift + j: off for j, (seq, off) in enumerate(zip(enc.sequence_ids, enc.offsets)) if seq == 1})
+    return {**data, "positions": positions, "contexts": contexts, "texts": [str(r[f["text_field"]]) for r in rows],
+            "golds": [list(r[f["label_field"]]["text"]) for r in rows]}
+
+
+def best_span(start: torch.Tensor, end: torch.Tensor, offsets: dict[int, tuple[int, int]], text: str) -> str:
+    """The context span i <= j < i + MAX_ANSWER_TOKENS with the highest start[i] + end[j]."""
+    where = torch.tensor(sorted(offsets))
+    scores = start[where, None] + end[None, where]  # (C, C)
+    span = torch.triu(torch.ones_like(scores, dtype=torch.bool)) & ~torch.triu(torch.ones_like(
+        scores, dtype=torch.bool), diagonal=MAX_ANSWER_TOKENS)
+    best = int(scores.masked_fill(~span, float("-inf")).flatten().argmax())
+    i, j = (int(where[k]) for k in divmod(best, len(where)))
+    return text[offsets[i][0]:offsets[j][1]].strip()
+
+
+def token_data(rows: list[dict], tok: Tokenizer, f: dict, tags: dict[str, int], *, max_len: int, pad_id: int,
+               left: bool) -> dict:
+    """Tensors of the rows; each word's first sub-token labelled with its tag (the rest -100)."""
+    tok.no_padding()
+    tok.enable_truncation(max_len)
+    encodings = tok.encode_batch([[str(w) for w in r[f["text_field"]]] for r in rows], is_pretokenized=True)
+    data, shifts = pad(encodings, pad_id, left=left)
+    labels = torch.full_like(data["input_ids"], IGNORE)
+    for i, (row, enc, shift) in enumerate(zip(rows, encodings, shifts)):
+        seen = set()
+        for j, word in enumerate(enc.word_ids):
+            tag = row[f["label_field"]][word] if word is not None and word not in seen else None
+            seen.add(word)
+            if tag is not None and str(tag) in tags:
+                labels[i, shift + j] = tags[str(tag)]
+    return {**data, "labels": labels}
+
+
+def fit(model: torch.nn.Module, data: dict, loss_of: Callable, args, score: Callable[[], dict]) -> list[dict]:
+    """AdamW on the DeepSpeed engine, linear warmup over 10% of the steps then linear decay (BERT's
+    recipe); each epoch's mean training loss and ``score()``."""
+    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}",
+                             "train.weight_decay=0.01", "parallel.zero_stage=0", "train.precision=fp32"])
+    engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
+    n = len(data["input_ids"])
+    if n < args.batch_size:
+        from glm_dist.train.finetune import FinetuneError
+
+        raise FinetuneError(f"--task {args.task}: {n} training rows are fewer than --batch-size {args.batch_size}")
+    steps, warm = args.epochs * (n // args.batch_size), max(1, args.epochs * (n // args.batch_size) // 10)
+    g, step, history = torch.Generator().manual_seed(args.seed), 0, []
+    model.train()  # a loaded checkpoint's model comes in eval mode: dropout on from the first step
+    for epoch in range(args.epochs):
+        order, total = torch.randperm(n, generator=g), 0.0
+        for i in range(0, n - args.batch_size + 1, args.batch_size):
+            part = {k: v[order[i:i + args.batch_size]].to(engine.device) for k, v in data.items()
+                    if isinstance(v, torch.Tensor)}
+            set_lr(engine, args.lr * min((step + 1) / warm, max(0.0, (steps - step) / max(1, steps - warm))))
+            loss = loss_of(engine, part)
+            engine.backward(loss)
+            engine.step()
+            step, total = step + 1, total + loss.item()
+        model.eval()
+        history.append({"epoch": epoch + 1, "train_loss": total / (n // args.batch_size), **score()})
+        model.train()
+    return history
+
+
+def _inputs(part: dict) -> dict:
+    return {k: part[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+@torch.no_grad()
+def predict_spans(model: SpanExtractor, data: dict, batch_size: int) -> list[str]:
+    device, out = next(model.parameters()).device, []
+    for i in range(0, len(data["input_ids"]), batch_size):
+        start, end = model(**{k: v[i:i + batch_size].to(device) for k, v in _inputs(data).items()})
+        out += [best_span(s.float().cpu(), e.float().cpu(), data["contexts"][i + k], data["texts"][i + k])
+                for k, (s, e) in enumerate(zip(start, end))]
+    return out
+
+
+def train_span(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict], args, *,
+               pad_id: int, pad_left: bool) -> dict:
+    f = fields(args)
+    train, valid = (span_data(rows, tok, f, max_len=args.max_len, pad_id=pad_id, left=pad_left)
+                    for rows in (train_rows, valid_rows))
+    keep = (train["positions"] >= 0).all(1)  # answers the truncation cut off are not trained on
+    train = {k: v[keep] for k, v in train.items() if isinstance(v, torch.Tensor)}
+    model = SpanExtractor(encoder)
+
+    def loss_of(engine, part):
+        start, end = engine(**_inputs(part))
+        first, last = part["positions"].unbind(1)
+        return (F.cross_entropy(start.float(), first) + F.cross_entropy(end.float(), last)) / 2
+
+    def score() -> dict:
+        predictions = predict_spans(model, valid, args.batch_size)
+        return {f"valid_{k}": v for k, v in squad_scores(predictions, valid["golds"]).items()}
+
+    history = fit(model, train, loss_of, args, score)
+    first_word = [t.split()[0] if t.split() else "" for t in valid["texts"]]
+    longest = [max(t.split(), key=len) if t.split() else "" for t in valid["texts"]]
+    baselines = {f"{name}: {k}": v for name, guess in (("first word", first_word), ("longest word", longest))
+                 for k, v in squad_scores(guess, valid["golds"]).items()}
+    return {"task": "span", "train_examples": int(keep.sum()), "train_answers_cut_off": int((~keep).sum()),
+            "valid_examples": len(valid_rows), **history[-1], "baselines": baselines, "history": history,
+            "model": model}
+
+
+@torch.no_grad()
+def token_accuracy(model: TokenClassifier, data: dict, batch_size: int) -> float:
+    device, right, total = next(model.parameters()).device, 0, 0
+    for i in range(0, len(data["input_ids"]), batch_size):
+        logits = model(**{k: v[i:i + batch_size].to(device) for k, v in _inputs(data).items()})
+        labels = data["labels"][i:i + batch_size].to(device)
+        scored = labels != IGNORE
+        right += int((logits.argmax(-1)[scored] == labels[scored]).sum())
+        total += int(scored.sum())
+    return right / max(1, total)
+
+
+def train_tokens(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict], args, *,
+                 pad_id: int, pad_left: bool) -> dict:
+    f = fields(args)
+    counts = Counter(str(t) for r in train_rows for t in r[f["label_field"]] if t is not None)
+    tags = {t: i for i, t in enumerate(sorted(counts))}
+    train, valid = (token_data(rows, tok, f, tags, max_len=args.max_len, pad_id=pad_id, left=pad_left)
+                    for rows in (train_rows, valid_rows))
+    model = TokenClassifier(encoder, len(tags))
+
+    def loss_of(engine, part):
+        return F.cross_entropy(engine(**_inputs(part)).float().flatten(0, 1), part["labels"].flatten(),
+                               ignore_index=IGNORE)
+
+    history = fit(model, train, loss_of, args,
+                  lambda: {"valid_accuracy": token_accuracy(model, valid, args.batch_size)})
+    majority = tags[counts.most_common(1)[0][0]]
+    scored = valid["labels"] != IGNORE
+    return {"task": "tokens", "tags": list(tags), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
+            "valid_words": int(scored.sum()), **history[-1],
+            "majority_baseline": float((valid["labels"][scored] == majority).float().mean()),
+            "history": history, "model": model}
+
+
+TRAINERS = {"span": train_span, "tokens": train_tokens}
+
+
+def finetune_token_level(args, encoder: torch.nn.Module, meta: dict, *, pad_left: bool) -> dict:
+    """``glm finetune --task span|tokens`` on a loaded encoder (the train/finetune.py driver's rows)."""
+    from glm_dist.train.finetune import read_manifest_ids, read_rows, split_rows, write_output
+
+    tok = checkpoint_tokenizer(args.checkpoint)
+    rows = read_rows(args.train)
+    train_rows, valid_rows = (rows, read_rows(args.valid)) if args.valid else split_rows(rows, args.valid_per_mille)
+    _check_rows(train_rows + valid_rows, fields(args), args)
+    result = TRAINERS[args.task](encoder, tok, train_rows, valid_rows, args, pad_id=read_manifest_ids(tok, meta)["pad"],
+                                 pad_left=pad_left)
+    model = result.pop("model")
+    result = {"checkpoint": args.checkpoint, **result}
+    if args.out:
+        write_output(args.out, model, result)
+    return result
+
+
+def _check_rows(rows: list[dict], f: dict, args) -> None:
+    from glm_dist.train.finetune import FinetuneError
+
+    for row in rows:
+        missing = [v for v in f.values() if v not in row]
+        if missing:
+            raise FinetuneError(f"--task {args.task}: row {str(row)[:160]} has no field {missing[0]!r}; set "
+                                f"--text-field / --pair-field / --label-field")
+        label = row[f["label_field"]]
+        if args.task == "span" and not (isinstance(label, dict) and label.get("text") and label.get("answer_start")):
+            raise FinetuneError(f"--task span: row {row.get('id', str(row)[:80])}: {f['label_field']!r} must be "
+                                f"{{'text': [...], 'answer_start': [...]}} (SQuAD's format)")
+        if args.task == "tokens" and not (isinstance(label, list) and len(label) == len(row[f["text_field"]])):
+            raise FinetuneError(f"--task tokens: row {row.get('id', str(row)[:80])}: {f['label_field']!r} must list "
+                                f"one tag per word of {f['text_field']!r}")
