@@ -389,7 +389,7 @@ def _run(args: argparse.Namespace) -> int:
 
             manifest = prepare_pairs(PairSpec(source=d.source, out_dir=d.shards_dir, vectors=d.vectors,
                                               vocab_size=d.vocab_size, target_vocab_size=d.target_vocab_size,
-                                              shard_max_bytes=d.shard_max_bytes))
+                                              shard_max_bytes=d.shard_max_bytes, labelled_pairs=d.labelled_pairs))
             print(json.dumps({"splits": {s: len(v) for s, v in manifest["splits"].items()}, **manifest["source"]}))
             return 0
         if args.data_command == "cooccur" or getattr(get_objective(cfg.objective.name), "counts", False):

@@ -218,3 +218,98 @@ def test_published_cove_recipe_validates_and_plans(capsys):
     cfg = load_config(recipe)
     validate(cfg, world_size=8)
     assert (cfg.model.family, cfg.objective.name, cfg.data.vocab_size) == ("cove", "translation", 2_196_021)
+
+
+# -- Cross-View Training for translation on the CoVe model (Clark et al. 2018, section 3.3) --
+
+CVT_MT = str(ROOT / "configs/experiments/cvt-translation-tiny-cpu.yaml")
+
+
+@pytest.fixture(scope="module")
+def semi_set(pairs, glove_text, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("semi-set"))
+    prepare_pairs(PairSpec(source=pairs[0], out_dir=out, vectors=glove_text, vocab_size=3000, target_vocab_size=4096,
+                           shard_max_bytes=64 * 1024, labelled_pairs=300))
+    return out
+
+
+def documents(shards_dir: str, split: str) -> list[tuple[str, np.ndarray]]:
+    manifest = read_manifest(shards_dir)
+    return [(doc.key, doc.tokens) for info in manifest["splits"][split]
+            for doc in read_shard(f"{shards_dir}/{info['name']}")]
+
+
+def test_a_semi_supervised_pair_set_keeps_the_targets_of_the_labelled_pairs_only(pair_set, semi_set):
+    labelled, unlabelled = documents(semi_set, "train"), documents(semi_set, "unlabelled")
+    full = {pid: tokens for pid, tokens in documents(pair_set, "train")}
+    assert len(labelled) == 300 and len(labelled) + len(unlabelled) == len(full)
+    assert all((tokens["side"] == 0).all() for _, tokens in unlabelled)  # sources alone
+    for pid, tokens in labelled:  # the same pairs (the target vocabulary is the labelled targets' alone)
+        assert np.array_equal(tokens["side"], full[pid]["side"])
+    for pid, tokens in unlabelled:  # the same sources: GloVe's vocabulary on both
+        assert np.array_equal(tokens["token"], full[pid]["token"][full[pid]["side"] == 0])
+    # keys are the id's SHA-1 in hex: the 300 smallest are the labelled pairs
+    assert max(key for key, _ in labelled) < min(key for key, _ in unlabelled)
+    semi, whole = read_manifest(semi_set), read_manifest(pair_set)
+    assert len(documents(semi_set, "validation")) == len(documents(pair_set, "validation"))
+    assert semi["target_tokenizer"]["vocab_size"] < whole["target_tokenizer"]["vocab_size"]
+    assert semi["source"]["labelled_pairs"] == 300 and semi["source"]["unlabelled_sources"] == len(unlabelled)
+
+
+def test_the_auxiliary_decoders_learn_the_primarys_beam_output_and_never_update_it(semi_set):
+    from glm_dist.objectives.cvt_translation import CVT_TRANSLATION, teacher_targets
+
+    torch.manual_seed(0)
+    model = CoVe(cove_config("cove-tiny", vocab_size=3000, cvt_decoders=True, cvt_beam=3))
+    load_inputs(model, read_manifest(semi_set), semi_set)
+    loader = Loader(semi_set, objective="cvt_translation", split="unlabelled", seq_len=12, micro_batch_size=6, seed=1)
+    batch = loader.next_step()[0]
+    assert set(batch) == {"input_ids", "attention_mask"}  # an unlabelled minibatch: sources
+    loss, _ = CVT_TRANSLATION.loss(model.train(), batch, metrics=False)
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    primary = [n for n in grads if n.startswith(("decoder.query", "decoder.combine", "out."))]
+    assert len(primary) == 6 and all(grads[n] is None for n in primary)  # the teacher is not trained
+    shared = [n for n in grads if n.startswith(("auxiliary.", "decoder.blocks", "target_embed", "encoder.1"))]
+    assert all(grads[n] is not None and grads[n].abs().sum() > 0 for n in shared), shared
+    # the targets: the beam translation of the model without dropout, cut after its first <eos>
+    model.zero_grad()
+    seq = generate(model.eval(), batch["input_ids"], GenerationConfig(max_new_tokens=12, strategy="beam", num_beams=3,
+                                                                      eos_id=3), attention_mask=batch["attention_mask"],
+                   start_id=2)
+    inputs, labels = teacher_targets(seq, eos=3)
+    views = model(batch["input_ids"], inputs, attention_mask=batch["attention_mask"], mode="student")["auxiliary"]
+    real = labels != -100
+    assert ((labels == 3).sum(1) <= 1).all() and torch.equal(real.sum(1), real.cumprod(1).sum(1))  # a prefix per row
+    nll = torch.nn.functional.cross_entropy
+    want = nll(views["attention_dropout"][real], labels[real]) + \
+        nll(views["future"][:, :-1][real[:, 1:]], labels[:, 1:][real[:, 1:]])  # the future view scores y_{t+1} at t
+    got, _ = CVT_TRANSLATION.loss(model, batch, metrics=False)  # eval mode: no dropout, the same targets
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_cvt_translation_on_two_zero2_ranks_matches_one_process_resumes_exactly_and_evaluates(semi_set, tmp_path):
+    run = [*QUICK, f"data.shards_dir={semi_set}", "model.vocab_size=3000", "train.max_steps=6", "train.lr=3e-3",
+           "train.global_batch_size=16", "model.dropout=0.0", "model.cvt_attention_dropout=0.0", "model.cvt_beam=2"]
+    one, split = tmp_path / "one", tmp_path / "split"
+    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={one}", "train.grad_accum_steps=2", "parallel.zero_stage=0"])
+    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=2", "train.stop_at_step=3",
+             "train.save_interval=3"], nproc=2)
+    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=2", "train.grad_accum_steps=2"])
+    reference, resumed = train_losses(one), train_losses(split)
+    print("CVT translation, one process:", [round(x, 5) for x in reference],
+          "\ntwo ranks, ZeRO-2, resumed at 3 on one:", [round(x, 5) for x in resumed])
+    assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference, resumed)) < 1e-4, (reference, resumed)
+    labelled, unlabelled = reference[0::2], reference[1::2]  # steps 1, 3, 5: pairs; 2, 4, 6: the views' loss
+    assert labelled[-1] < labelled[0]
+    ev = run_glm(["eval", "-c", CVT_MT, *run, "--checkpoint", str(one / "checkpoints/step_00000006")])
+    metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
+    assert metrics["perplexity"] < 4096 and metrics["bleu_pairs"] == 16
+
+
+def test_cvt_translation_needs_the_auxiliary_decoders_and_a_semi_supervised_set(pair_set, tmp_path):
+    with pytest.raises(ConfigError, match="model.cvt_decoders=true"):
+        validate(load_config(CVT_MT, ["model.cvt_decoders=false"]), world_size=1)
+    proc = run_glm(["train", "-c", CVT_MT, *QUICK, f"data.shards_dir={pair_set}", "model.vocab_size=3000",
+                    "train.max_steps=2", f"train.out_dir={tmp_path}"], check=False)
+    assert proc.returncode == 2 and "data.labelled_pairs" in proc.stderr and "Traceback" not in proc.stderr

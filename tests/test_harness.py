@@ -247,6 +247,24 @@ def _assert_same_scores(ours: dict, theirs: dict, tasks: str = TASKS) -> None:
                 assert ours[task][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (task, key)
 
 
+def _assert_same_requests(mine: dict, hers: dict, n: int) -> None:
+    """Both harness runs logged the same n requests; a mismatch names the documents whose logged
+    arguments differ and shows where they part (the whole sets are too long to read in a log)."""
+    only_mine, only_hers = sorted(set(mine) - set(hers)), sorted(set(hers) - set(mine))
+
+    def parting(key, others) -> str:
+        twin = next((o for o in others if o[0] == key[0]), None)
+        if twin is None:
+            return f"{key[0]}: no request of this document on the other side"
+        at = next((i for i, (a, b) in enumerate(zip(key[1], twin[1])) if a != b), min(len(key[1]), len(twin[1])))
+        return f"{key[0]} at char {at}: {key[1][max(0, at - 60):at + 60]!r} vs {twin[1][max(0, at - 60):at + 60]!r}"
+
+    assert not only_mine and not only_hers, "\n".join(
+        [f"{len(only_mine)} requests only in ours, {len(only_hers)} only in lm-eval's:"]
+        + [parting(k, only_hers) for k in only_mine[:4]] + [parting(k, only_mine) for k in only_hers[:4]])
+    assert len(mine) == n, (len(mine), n)
+
+
 def _assert_same_responses(mine, hers, where) -> None:
     """Logged responses (numbers written as strings): log-likelihoods within 1e-4 (a long document's
     sum over ~1000 tokens within 1e-6 of its value: fp32 summation order), the rest equal."""
@@ -274,7 +292,7 @@ def test_the_glm_harness_scores_equal_lm_eval_hf_on_the_exported_model(gpt2_run,
              tmp_path, "--device", "cpu")
     (ours, our_samples), (theirs, their_samples) = glm_scores, _results(tmp_path)
     _assert_same_scores(ours, theirs)
-    assert set(our_samples) == set(their_samples) and len(our_samples) == 12 * 5  # one row per document
+    _assert_same_requests(our_samples, their_samples, 12 * 5)  # one row per document
     for key, resps in their_samples.items():  # every request's log-likelihood, greedy flag and generation
         _assert_same_responses(our_samples[key], resps, key)
 
@@ -304,7 +322,7 @@ def test_new_tasks_score_equal_to_lm_eval_hf_with_unconditional_choices(gpt2_run
              theirs, "--device", "cpu", *greedy, tasks=NEW, limit=8)
     (mine, my_samples), (hers, her_samples) = _results(ours), _results(theirs)
     _assert_same_scores(mine, hers, NEW)
-    assert set(my_samples) == set(her_samples) and len(my_samples) == 8 * 4
+    _assert_same_requests(my_samples, her_samples, 8 * 4)
     for key, resps in her_samples.items():
         _assert_same_responses(my_samples[key], resps, key)
     assert {"rouge1,none", "bleu,none", "f1,none", "acc_mutual_info,none"} <= {k for m in mine.values() for k in m}

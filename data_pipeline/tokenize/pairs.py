@@ -11,10 +11,13 @@ target}``) and word vectors in GloVe's text format (``glm data vectors``). Outpu
 - ``source_vectors.npy``: (source vocabulary, d) float32, row i the vector of token i (the special
   tokens' rows zero): the frozen input table the model takes at the start of training;
 - ``target-tokenizer.json``: a ``word`` profile tokenizer of at most ``target_vocab_size`` tokens
-  trained on the training split's targets (the same special ids as the source);
+  trained on the training split's targets (the labelled ones'; the same special ids as the source);
 - shards of documents whose ``tokens.npy`` is an array of ``PAIR_TOKEN``: the source's token ids
   (``side`` 0) then the target's (``side`` 1); the splits are the pair folder's (held out by
   message id); a pair with no word on a side is skipped (``no_words``);
+- ``labelled_pairs`` N > 0 (semi-supervised translation, Cross-View Training): only the N training
+  pairs with the smallest hash of their message id keep their targets; the others are written to
+  the ``unlabelled`` split with their source alone (PAIR_TOKEN rows of side 0);
 - ``validation-pairs.jsonl``: the held-out pairs' raw text in shard order (BLEU's references);
 - ``manifest.json``, written last.
 """
@@ -52,6 +55,7 @@ class PairSpec:
     vocab_size: int = 100_000  # source tokens kept (specials included)
     target_vocab_size: int = 8192
     shard_max_bytes: int = 64 * 2**20
+    labelled_pairs: int = 0  # > 0: the training pairs that keep their target; the rest's sources are 'unlabelled'
 
 
 def read_pairs(path: Path) -> Iterator[dict]:
@@ -92,6 +96,14 @@ def _tokenizer_entry(tok: Tokenizer, file: str) -> dict:
             "special_ids": ids}
 
 
+def _labelled_ids(path: Path, n: int) -> set[str] | None:
+    """The ids of the ``n`` training pairs with the smallest SHA-1 of their id (None: n = 0, all)."""
+    if n <= 0 or not path.is_file():
+        return None
+    digests = sorted((hashlib.sha1(row["id"].encode()).digest(), row["id"]) for row in read_pairs(path))
+    return {pair_id for _, pair_id in digests[:n]}
+
+
 def prepare_pairs(spec: PairSpec) -> dict:
     """Build the pair shard set (see the module docstring); an existing manifest is returned as it is."""
     out = Path(spec.out_dir)
@@ -108,7 +120,9 @@ def prepare_pairs(spec: PairSpec) -> dict:
     src, rows = source_tokenizer(words, spec.vocab_size)
     table = np.zeros((src.get_vocab_size(), vectors.shape[1]), dtype=np.float32)
     table[len(PROFILES[PROFILE].specials):] = vectors[rows]
-    tgt = train_tokenizer(PROFILE, (r["target"] for r in read_pairs(folder / "train.jsonl")),
+    labelled = _labelled_ids(folder / "train.jsonl", spec.labelled_pairs)  # None: all
+    tgt = train_tokenizer(PROFILE, (r["target"] for r in read_pairs(folder / "train.jsonl")
+                                    if labelled is None or r["id"] in labelled),  # no unlabelled pair's target
                           vocab_size=spec.target_vocab_size)
     if special_ids(tgt, PROFILE)["all_specials"] != special_ids(src, PROFILE)["all_specials"]:
         raise PipelineError("the source and target tokenizers disagree on the special ids")
@@ -119,6 +133,7 @@ def prepare_pairs(spec: PairSpec) -> dict:
     np.save(buf, table, allow_pickle=False)
     write_bytes(str(out / "source_vectors.npy"), buf.getvalue())
     skipped, counts, shards = Counter(), Counter(), {}
+    unlabelled = ShardSetWriter(str(out), "unlabelled", spec.shard_max_bytes) if labelled is not None else None
     for split in ("train", "validation"):
         writer = ShardSetWriter(str(out), split, spec.shard_max_bytes)
         references = []
@@ -128,12 +143,16 @@ def prepare_pairs(spec: PairSpec) -> dict:
             if not s or not t:
                 skipped["no_words"] += 1
                 continue
+            source_only = split == "train" and labelled is not None and row["id"] not in labelled
+            if source_only:
+                t = []
             tokens = np.zeros(len(s) + len(t), dtype=PAIR_TOKEN)
             tokens["token"], tokens["side"][len(s):] = s + t, TARGET
             counts["unknown_source"] += s.count(src.token_to_id("<unk>"))
             counts["source_tokens"] += len(s)
-            writer.write(hashlib.sha1(row["id"].encode()).hexdigest()[:16], tokens,
-                         {"id": row["id"], "n_bytes": len(row["target"].encode())})
+            (unlabelled if source_only else writer).write(
+                hashlib.sha1(row["id"].encode()).hexdigest()[:16], tokens,
+                {"id": row["id"], "n_bytes": len(row["source" if source_only else "target"].encode())})
             if split == "validation":
                 references.append({"id": row["id"], "source": row["source"], "target": row["target"]})
         shards[split] = [vars(i) for i in writer.close() if i.num_samples]
@@ -141,6 +160,12 @@ def prepare_pairs(spec: PairSpec) -> dict:
         if split == "validation":
             write_bytes(str(out / "validation-pairs.jsonl"),
                         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in references).encode())
+    if unlabelled is not None:
+        shards["unlabelled"] = [vars(i) for i in unlabelled.close() if i.num_samples]
+        counts["unlabelled"] = sum(i["num_samples"] for i in shards["unlabelled"])
+        if not shards["unlabelled"]:
+            raise PipelineError(f"data.labelled_pairs={spec.labelled_pairs} keeps every training pair labelled: "
+                                f"set it below the {counts['train']} pairs of {folder / 'train.jsonl'}")
     manifest = {
         "format": FORMAT, "index_format": INDEX_FORMAT,
         "tokenizer": _tokenizer_entry(src, "tokenizer.json"),
@@ -149,7 +174,8 @@ def prepare_pairs(spec: PairSpec) -> dict:
                            "vectors": spec.vectors},
         "references": "validation-pairs.jsonl",
         "splits": shards,
-        "source": {"spec": spec.source, "documents": counts["train"] + counts["validation"], "skipped": dict(skipped),
+        "source": {"spec": spec.source, "documents": counts["train"] + counts["validation"] + counts["unlabelled"],
+                   "labelled_pairs": counts["train"], "unlabelled_sources": counts["unlabelled"], "skipped": dict(skipped),
                    "source_unknown_rate": counts["unknown_source"] / max(counts["source_tokens"], 1)},
     }
     write_manifest(str(out), manifest)

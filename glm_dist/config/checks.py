@@ -11,7 +11,7 @@ from glm_dist.objectives.registry import OBJECTIVES
 
 MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "context_length", "dropout",
                    "sparse_window", "mem_len", "reuse_len", "bi_data", "tags",
-                   "unlabelled_dropout")
+                   "unlabelled_dropout", "cvt_decoders", "cvt_attention_dropout", "cvt_beam")
 
 
 def model_config(cfg: Config) -> Any:
@@ -169,6 +169,9 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if cfg.objective.name not in trains:
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
                           f"{cfg.model.family!r}, which trains with {', '.join(trains)}")
+    refusal = OBJECTIVES[cfg.objective.name].refuse_model(mc)
+    if refusal:
+        raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}): {refusal}")
     check_segment_layout(cfg, mc)
     t = cfg.train
     for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):

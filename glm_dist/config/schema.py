@@ -37,6 +37,12 @@ class ModelConfig:
                                     "in order)")
     unlabelled_dropout: Optional[float] = _f(None, "CVT: dropout of the auxiliary modules' encoder pass on unlabelled "
                                                    "minibatches (model.dropout is the labelled one's)")
+    cvt_decoders: Optional[bool] = _f(None, "CoVe: two auxiliary decoders for Cross-View Training (objective.name="
+                                   "cvt_translation): attention dropout and future-word prediction")
+    cvt_attention_dropout: Optional[float] = _f(None, "CoVe + CVT: fraction of the attention-dropout view's "
+                                                      "attention weights zeroed (0.5)")
+    cvt_beam: Optional[int] = _f(None, "CoVe + CVT: beam of the primary decoder's translations of unlabelled "
+                                       "sources, the auxiliary decoders' targets (4; 1: greedy)")
 
 
 @dataclass
@@ -72,13 +78,17 @@ class DataConfig:
                           "data.vocab_size with the specials, are the source vocabulary and whose vectors are the "
                           "encoder's frozen inputs")
     target_vocab_size: int = _f(8192, "translation pair sets (CoVe): the target-side tokenizer's vocabulary size")
+    labelled_pairs: int = _f(0, "translation pair sets: keep the targets of this many training pairs (drawn by "
+                                "message-id hash) and only the sources of the rest, as the 'unlabelled' split "
+                                "Cross-View Training reads (0: every pair labelled)")
 
 
 @dataclass
 class ObjectiveConfig:
     name: str = _f("clm", "the objective (objectives/registry.py): clm (GPT) | mlm (RoBERTa) | mlm_nsp (BERT) | "
                           "sop (ALBERT) | span_corruption (T5) | denoising (BART) | electra | plm (XLNet) | "
-                          "glove (co-occurrence counts) | bilm (ELMo) | translation (CoVe) | awd_lm (AWD-LSTM)")
+                          "glove (co-occurrence counts) | bilm (ELMo) | translation (CoVe) | awd_lm (AWD-LSTM) | "
+                          "cvt (CVT tagging) | cvt_translation (CVT on CoVe)")
     mask_rate: float = _f(0.15, "MLM / ELECTRA: fraction of tokens selected for prediction")
     mask_frac: float = _f(0.8, "MLM: of the selected, fraction replaced by the mask token")
     random_frac: float = _f(0.1, "MLM: of the selected, fraction replaced by a random token")

@@ -1,7 +1,9 @@
 """Whole minibatches from one split at a time: labelled and unlabelled in turn (Cross-View Training).
 
 A tagging shard set (data_pipeline/tasks/tagging_shards.py) has one split per task's labelled
-sentences (``labelled-<k>``) and one of unlabelled sentences (``train``). Each is read by its own
+sentences (``labelled-<k>``) and one of unlabelled sentences (``train``); a translation pair set
+built with ``data.labelled_pairs`` (data_pipeline/tokenize/pairs.py) has its labelled pairs
+(``train``) and the other pairs' sources (``unlabelled``). Each is read by its own
 ``Loader`` (or ``WorkerLoader``), with everything that gives a loader: each rank reads only its
 share, deterministic order, epochs, elastic resume. Step s is labelled when s is even, unlabelled
 when odd (``objective.cvt_unlabelled=false``: always labelled, the supervised baseline); a labelled
@@ -25,18 +27,26 @@ class TagsMismatch(GlmError, ValueError):
     """The model's prediction modules do not match the shard set's tasks."""
 
 
+def splits(shards_dir: str, manifest: dict, options) -> tuple[list[str], str]:
+    """(the labelled splits, one per task; the unlabelled split) of a tagging set or a pair set."""
+    if "unlabelled" in manifest.get("splits", {}):  # a pair set with unlabelled sources: one task
+        return ["train"], "unlabelled"
+    tasks = (manifest.get("tagging") or {}).get("tasks")
+    if not tasks:
+        raise ShardSetError(f"{shards_dir} is neither a tagging shard set (its manifest lists no tasks; glm data "
+                            f"tagging -c CONFIG) nor a pair set with unlabelled sources (glm data tokenize -c CONFIG "
+                            f"with data.labelled_pairs=N)")
+    counts = [len(t["tags"]) for t in tasks]
+    if options is not None and list(options.tag_counts) != counts:
+        raise TagsMismatch(f"model.tags={list(options.tag_counts)} but {shards_dir} has tasks "
+                           + ", ".join(f"{t['name']} ({len(t['tags'])} tags)" for t in tasks)
+                           + f": set model.tags={counts}")
+    return [f"labelled-{k}" for k in range(len(tasks))], "train"
+
+
 class AlternatingLoader:
     def __init__(self, shards_dir: str, *, num_workers: int = 0, seed: int = 0, options=None, **loader_kwargs):
-        manifest = read_manifest(shards_dir)
-        tasks = (manifest.get("tagging") or {}).get("tasks")
-        if not tasks:
-            raise ShardSetError(f"{shards_dir} is not a tagging shard set (its manifest lists no tasks): build one "
-                                f"with glm data tagging -c CONFIG")
-        counts = [len(t["tags"]) for t in tasks]
-        if options is not None and list(options.tag_counts) != counts:
-            raise TagsMismatch(f"model.tags={list(options.tag_counts)} but {shards_dir} has tasks "
-                               + ", ".join(f"{t['name']} ({len(t['tags'])} tags)" for t in tasks)
-                               + f": set model.tags={counts}")
+        labelled, unlabelled = splits(shards_dir, read_manifest(shards_dir), options)
         self.seed, self.steps = seed, 0
         self.unlabelled_steps = options is None or options.cvt_unlabelled
 
@@ -44,8 +54,8 @@ class AlternatingLoader:
             kw = dict(split=split, seed=seed, options=options, **loader_kwargs)
             return WorkerLoader(shards_dir, num_workers=num_workers, **kw) if num_workers else Loader(shards_dir, **kw)
 
-        self.labelled = [make(f"labelled-{k}") for k in range(len(tasks))]
-        self.unlabelled = make("train") if self.unlabelled_steps else None
+        self.labelled = [make(split) for split in labelled]
+        self.unlabelled = make(unlabelled) if self.unlabelled_steps else None
 
     @property
     def global_batch_size(self) -> int:

@@ -14,6 +14,14 @@ context vectors for downstream tasks: CoVe(w) = MT-LSTM(GloVe(w)).
 
 ``encode`` / ``decode(tokens, memory, mask, cache=)`` are the interface glm_dist/eval/generate.py
 drives (greedy and beam search): ``decoder.blocks`` sizes its cache.
+
+Cross-View Training for translation (Clark et al. 2018, section 3.3; ``cvt_decoders: true``, the
+``cvt_translation`` objective): two auxiliary decoders that share the target embedding and the
+decoder's LSTMs with the primary one but have their own attention (W1, W2) and softmax layer. One
+sees the source through ``cvt_attention_dropout`` (a fraction of its attention weights zeroed); the
+other predicts the word after the current one (``future``: its state at t has read y_<t and scores
+y_{t+1}). ``forward(..., mode="student")`` runs the shared decoder with the primary's attention
+frozen (input feeding needs its h~) and returns both views' logits.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from torch import nn
 
 from glm_dist.errors import GlmError
 from glm_dist.models.common import Flavor
-from glm_dist.models.recurrent import AttentionLSTMDecoder, LSTMLayer
+from glm_dist.models.recurrent import AttentionLSTMDecoder, LSTMLayer, global_attention
 
 MAX_VECTOR_BYTES = 16 * 2**30  # the 840B GloVe table at 2.2M x 300 float32 is 2.6 GB
 
@@ -41,6 +49,9 @@ class CoVeConfig:
     dropout: float = 0.2  # the paper: on the inputs and outputs of every encoder and decoder layer
     context_length: int = 64  # tokens per side of a training pair (longer sides are cut)
     n_head: int = 1  # (no attention heads: the layout checks read it)
+    cvt_decoders: bool = False  # two auxiliary decoders for Cross-View Training (the cvt_translation objective)
+    cvt_attention_dropout: float = 0.5  # the attention-dropout view's rate (our choice: the paper gives none)
+    cvt_beam: int = 4  # the teacher's beam on unlabelled sources: its best translation is the views' target
 
 
 # The published count is the MT-LSTM encoder CoVe exports (the authors' released PyTorch weights:
@@ -74,11 +85,16 @@ class CoVe(nn.Module):
         self.decoder = AttentionLSTMDecoder(cfg.d_embed, d, d, num_layers=cfg.n_layer, dropout=cfg.dropout)
         self.out = nn.Linear(d, cfg.target_vocab_size)
         self.drop = nn.Dropout(cfg.dropout)
+        if cfg.cvt_decoders:
+            self.auxiliary = nn.ModuleDict({
+                "attention_dropout": AuxiliaryDecoder(d, cfg.target_vocab_size, cfg.cvt_attention_dropout),
+                "future": AuxiliaryDecoder(d, cfg.target_vocab_size)})
         self.activation_checkpointing = False  # (not used: the recurrences dominate)
 
     def layers(self) -> list[nn.Module]:
-        """The parts in order (for planning): encoder layers, target embedding, decoder, output."""
-        return [*self.encoder, self.target_embed, self.decoder, self.out]
+        """The parts in order (for planning): encoder layers, target embedding, decoder, output (and
+        the auxiliary decoders)."""
+        return [*self.encoder, self.target_embed, self.decoder, self.out, *getattr(self, "auxiliary", {}).values()]
 
     def encoder_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                        ) -> list[torch.Tensor]:
@@ -101,8 +117,19 @@ class CoVe(nn.Module):
         return self.out(self.decoder(self.target_embed(tokens), memory, mask, cache))
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor, *,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        return {"logits": self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)}
+                attention_mask: torch.Tensor | None = None, mode: str = "primary") -> dict:
+        """``primary``: ``logits`` (B, T, V) of the tokens after ``decoder_input_ids``; ``student``:
+        ``auxiliary``, view -> (B, T, V) logits, where the ``future`` view's position t scores the
+        token after the one the primary's position t scores."""
+        memory = self.encode(input_ids, attention_mask)
+        if mode == "primary":
+            return {"logits": self.decode(decoder_input_ids, memory, attention_mask)}
+        if mode != "student" or not self.cfg.cvt_decoders:
+            raise ValueError(f"mode={mode!r}: 'primary', or 'student' for a model built with cvt_decoders=true")
+        _, states = self.decoder(self.target_embed(decoder_input_ids), memory, attention_mask, frozen_attention=True,
+                                 return_states=True)
+        states = self.drop(states)
+        return {"auxiliary": {name: view(states, memory, attention_mask) for name, view in self.auxiliary.items()}}
 
     def num_params(self, *, encoder_only: bool = False) -> int:
         """Parameters; ``encoder_only``: the MT-LSTM alone (what CoVe is, as the authors release it)."""
@@ -113,6 +140,21 @@ class CoVe(nn.Module):
         as target ones), every decoder weight, attention over ``seq_len`` source states twice."""
         uses = sum(p.numel() for m in (self.encoder, self.decoder, self.out) for p in m.parameters())
         return 6 * uses + 6 * 2 * seq_len * 2 * self.cfg.d_model
+
+
+class AuxiliaryDecoder(nn.Module):
+    """A CVT prediction module for translation: its own global attention and softmax over the shared
+    decoder's top states s (B, T, d), optionally with attention-weight dropout in training."""
+
+    def __init__(self, d: int, target_vocab_size: int, attention_dropout: float = 0.0):
+        super().__init__()
+        self.query, self.combine = nn.Linear(d, d), nn.Linear(2 * d, d)
+        self.out = nn.Linear(d, target_vocab_size)
+        self.attention_dropout = attention_dropout
+
+    def forward(self, states: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        rate = self.attention_dropout if self.training else 0.0
+        return self.out(global_attention(states, memory, mask, self.query, self.combine, weight_dropout=rate))
 
 
 def load_inputs(model: CoVe, manifest: dict, shards_dir: str) -> None:

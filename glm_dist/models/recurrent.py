@@ -161,31 +161,56 @@ class AttentionLSTMDecoder(nn.Module):
         self.combine = nn.Linear(d_memory + d_hidden, d_hidden)  # W2, b2
         self.drop = nn.Dropout(dropout)
 
-    def attend(self, s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, *,
+               frozen: bool = False) -> torch.Tensor:
         """h~ (B, d_hidden) of the top state s (B, d_hidden); padded memory positions get no weight."""
-        scores = torch.einsum("bsd,bd->bs", memory, self.query(s))  # (B, S)
-        if memory_mask is not None:
-            scores = scores.masked_fill(memory_mask == 0, float("-inf"))
-        context = torch.einsum("bs,bsd->bd", scores.softmax(-1), memory)  # H^T alpha: (B, d_memory)
-        return torch.tanh(self.combine(torch.cat([context, s], dim=-1)))
+        return global_attention(s, memory, memory_mask, self.query, self.combine, frozen=frozen)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                cache: list[dict] | None = None) -> torch.Tensor:
-        """(B, T, d_in) target embeddings (teacher forcing: the previous tokens') -> (B, T, d_hidden) h~."""
+                cache: list[dict] | None = None, *, frozen_attention: bool = False, return_states: bool = False):
+        """(B, T, d_in) target embeddings (teacher forcing: the previous tokens') -> (B, T, d_hidden) h~;
+        ``return_states``: also the top LSTM states s (B, T, d_hidden), what CVT's auxiliary decoders
+        read. ``frozen_attention``: the attention's weights take no gradient (a CVT auxiliary loss
+        flows into the shared LSTMs through input feeding, never into the primary's attention)."""
         B = x.size(0)
         zeros = x.new_zeros(B, self.d_hidden)
         cache = cache if cache is not None else [{} for _ in self.blocks]
         states = [(c["h"], c["c"]) if c else (zeros, zeros) for c in cache]
         feed = cache[0].get("feed", zeros)
-        outs = []
+        outs, tops = [], []
         for t in range(x.size(1)):
             inp = torch.cat([x[:, t], feed], dim=-1)  # input feeding: h~_{t-1} beside the embedding
             for i, cell in enumerate(self.blocks):
                 states[i] = cell(self.drop(inp), states[i])
                 inp = states[i][0]
-            feed = self.attend(inp, memory, memory_mask)
+            tops.append(inp)
+            feed = self.attend(inp, memory, memory_mask, frozen=frozen_attention)
             outs.append(feed)
         for c, (h, cell_state) in zip(cache, states):
             c.update(h=h, c=cell_state)
         cache[0]["feed"] = feed
-        return self.drop(torch.stack(outs, dim=1))
+        out = self.drop(torch.stack(outs, dim=1))
+        return (out, torch.stack(tops, dim=1)) if return_states else out
+
+
+def global_attention(s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, query: nn.Linear,
+                     combine: nn.Linear, *, weight_dropout: float = 0.0, frozen: bool = False) -> torch.Tensor:
+    """Luong et al.'s global attention of states s (B, d) or (B, T, d) over ``memory`` H (B, S, d_memory):
+    alpha = softmax(H (W1 s + b1)), h~ = tanh(W2 [H^T alpha; s] + b2), padded memory positions weighted 0.
+    ``weight_dropout``: that fraction of alpha's entries zeroed (the rest scaled by 1 / (1 - p), as
+    ``F.dropout``): CVT's restricted view for translation. ``frozen``: W1, W2 as constants."""
+    def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if not frozen:
+            return layer(x)
+        return F.linear(x, layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
+
+    steps = s if s.dim() == 3 else s[:, None]
+    scores = torch.einsum("bsd,btd->bts", memory, linear(query, steps))  # (B, T, S)
+    if memory_mask is not None:
+        scores = scores.masked_fill(memory_mask[:, None] == 0, float("-inf"))
+    alpha = scores.softmax(-1)
+    if weight_dropout:
+        alpha = F.dropout(alpha, weight_dropout, training=True)
+    context = torch.einsum("bts,bsd->btd", alpha, memory)  # H^T alpha: (B, T, d_memory)
+    out = torch.tanh(linear(combine, torch.cat([context, steps], dim=-1)))
+    return out if s.dim() == 3 else out[:, 0]

@@ -119,7 +119,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # the recurrent era: data parallel + ZeRO only (no pipeline, no tensor split, no transformers export)
     "glove": FamilySpec(glove.FLAVORS, glove.glove_config, glove.GloVe, ("glove",)),
     # CoVe: an attentional LSTM translation model over frozen GloVe inputs; its encoder exports the features
-    "cove": FamilySpec(cove.FLAVORS, cove.cove_config, cove.CoVe, ("translation",),
+    "cove": FamilySpec(cove.FLAVORS, cove.cove_config, cove.CoVe, ("translation", "cvt_translation"),
                        prepare="glm_dist.models.cove:load_inputs", features="glm_dist.transfer.cove:cove_features"),
     "elmo": FamilySpec(elmo.FLAVORS, elmo.elmo_config, elmo.ELMo, ("bilm",),
                        features="glm_dist.transfer.elmo:layer_features"),

@@ -76,6 +76,10 @@ class Objective:
             raise WrongDocuments(f"data.shards_dir holds records ({', '.join(dtype.names)}), not token documents: "
                                  f"point it at a token shard set (glm data tokenize -c CONFIG)")
 
+    def refuse_model(self, model_cfg) -> str | None:
+        """Why this objective cannot train a model of this config (None: it can); validation says it."""
+        return None
+
     def sample(self, unit, rng: np.random.Generator, *, vocab: Vocab, opts) -> dict[str, np.ndarray]:
         raise NotImplementedError
 

@@ -13,11 +13,12 @@ import torch
 
 from glm_dist.objectives import awd_lm, bilm, clm, cvt, denoising, electra, glove, mlm, mlm_nsp, plm, sop, span_corruption
 from glm_dist.objectives.base import IGNORE_INDEX, Objective
+from glm_dist.objectives.cvt_translation import CVT_TRANSLATION
 from glm_dist.objectives.translation import TRANSLATION
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     clm.CLM, mlm.MLM, mlm_nsp.MLM_NSP, sop.SOP, span_corruption.SPAN_CORRUPTION, denoising.DENOISING,
-    electra.ELECTRA, plm.PLM, glove.GLOVE, bilm.BILM, TRANSLATION, awd_lm.AWD_LM, cvt.CVT)}
+    electra.ELECTRA, plm.PLM, glove.GLOVE, bilm.BILM, TRANSLATION, awd_lm.AWD_LM, cvt.CVT, CVT_TRANSLATION)}
 
 
 def get_objective(name: str) -> Objective:
