@@ -21,7 +21,7 @@ decoder's LSTMs with the primary one but have their own attention (W1, W2) and s
 sees the source through ``cvt_attention_dropout`` (a fraction of its attention weights zeroed); the
 other predicts the word after the current one (``future``: its state at t has read y_<t and scores
 y_{t+1}). ``forward(..., mode="student")`` runs the shared decoder with the primary's attention
-frozen (input feeding needs its h~) and returns both views' logits.
+outside the graph (input feeding takes its h~ as a constant) and returns both views' logits.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ lengths of right-padded sequences (None: no padding).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -161,17 +162,17 @@ class AttentionLSTMDecoder(nn.Module):
         self.combine = nn.Linear(d_memory + d_hidden, d_hidden)  # W2, b2
         self.drop = nn.Dropout(dropout)
 
-    def attend(self, s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, *,
-               frozen: bool = False) -> torch.Tensor:
+    def attend(self, s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """h~ (B, d_hidden) of the top state s (B, d_hidden); padded memory positions get no weight."""
-        return global_attention(s, memory, memory_mask, self.query, self.combine, frozen=frozen)
+        return global_attention(s, memory, memory_mask, self.query, self.combine)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
                 cache: list[dict] | None = None, *, frozen_attention: bool = False, return_states: bool = False):
         """(B, T, d_in) target embeddings (teacher forcing: the previous tokens') -> (B, T, d_hidden) h~;
         ``return_states``: also the top LSTM states s (B, T, d_hidden), what CVT's auxiliary decoders
-        read. ``frozen_attention``: the attention's weights take no gradient (a CVT auxiliary loss
-        flows into the shared LSTMs through input feeding, never into the primary's attention)."""
+        read. ``frozen_attention``: h~ is computed without gradient, a constant fed to the next step
+        (a CVT auxiliary loss trains the shared LSTMs through their states, never the primary's
+        attention; under ZeRO-3 the attention still runs as modules, whose hooks gather them)."""
         B = x.size(0)
         zeros = x.new_zeros(B, self.d_hidden)
         cache = cache if cache is not None else [{} for _ in self.blocks]
@@ -184,7 +185,8 @@ class AttentionLSTMDecoder(nn.Module):
                 states[i] = cell(self.drop(inp), states[i])
                 inp = states[i][0]
             tops.append(inp)
-            feed = self.attend(inp, memory, memory_mask, frozen=frozen_attention)
+            with torch.no_grad() if frozen_attention else contextlib.nullcontext():
+                feed = self.attend(inp, memory, memory_mask)
             outs.append(feed)
         for c, (h, cell_state) in zip(cache, states):
             c.update(h=h, c=cell_state)
@@ -194,23 +196,18 @@ class AttentionLSTMDecoder(nn.Module):
 
 
 def global_attention(s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, query: nn.Linear,
-                     combine: nn.Linear, *, weight_dropout: float = 0.0, frozen: bool = False) -> torch.Tensor:
+                     combine: nn.Linear, *, weight_dropout: float = 0.0) -> torch.Tensor:
     """Luong et al.'s global attention of states s (B, d) or (B, T, d) over ``memory`` H (B, S, d_memory):
     alpha = softmax(H (W1 s + b1)), h~ = tanh(W2 [H^T alpha; s] + b2), padded memory positions weighted 0.
     ``weight_dropout``: that fraction of alpha's entries zeroed (the rest scaled by 1 / (1 - p), as
-    ``F.dropout``): CVT's restricted view for translation. ``frozen``: W1, W2 as constants."""
-    def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if not frozen:
-            return layer(x)
-        return F.linear(x, layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
-
+    ``F.dropout``): CVT's restricted view for translation."""
     steps = s if s.dim() == 3 else s[:, None]
-    scores = torch.einsum("bsd,btd->bts", memory, linear(query, steps))  # (B, T, S)
+    scores = torch.einsum("bsd,btd->bts", memory, query(steps))  # (B, T, S)
     if memory_mask is not None:
         scores = scores.masked_fill(memory_mask[:, None] == 0, float("-inf"))
     alpha = scores.softmax(-1)
     if weight_dropout:
         alpha = F.dropout(alpha, weight_dropout, training=True)
     context = torch.einsum("bts,bsd->btd", alpha, memory)  # H^T alpha: (B, T, d_memory)
-    out = torch.tanh(linear(combine, torch.cat([context, steps], dim=-1)))
+    out = torch.tanh(combine(torch.cat([context, steps], dim=-1)))
     return out if s.dim() == 3 else out[:, 0]
