@@ -52,7 +52,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200, help="labelled steps of every run (S)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--beam", type=int, default=4, help="the teacher's beam (model.cvt_beam)")
-    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches of 64 pairs scored")
+    p.add_argument("--batch", type=int, default=64, help="pairs (or sources) per minibatch")
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out minibatches scored")
     args = p.parse_args()
 
     out = Path(args.out).resolve()
@@ -61,14 +62,16 @@ def main() -> None:
             f"data.shards_dir={shards}", f"data.labelled_pairs={args.labelled}"]
     made = glm("data", "tokenize", "-c", str(CONFIG), *data)
     common = [*data, "logging.wandb=false", "logging.progress=false", "train.plot=false", "train.eval_interval=0",
-              f"model.cvt_beam={args.beam}", f"train.eval_batches={args.eval_batches}"]
+              f"model.cvt_beam={args.beam}", f"train.eval_batches={args.eval_batches}",
+              f"train.micro_batch_size={args.batch}"]
     rows: dict[str, list[dict]] = {"supervised": [], "cvt": []}
     for seed in args.seeds:
         for method, unlabelled, steps in (("supervised", "false", args.steps), ("cvt", "true", 2 * args.steps)):
             run = out / f"{method}-seed{seed}"
             t0 = time.perf_counter()
             glm("train", "-c", str(CONFIG), *common, f"objective.cvt_unlabelled={unlabelled}", f"train.seed={seed}",
-                f"train.max_steps={steps}", f"train.save_interval={steps}", f"train.out_dir={run}")
+                f"train.max_steps={steps}", f"train.save_interval={steps}", f"train.out_dir={run}",
+                f"train.warmup_steps={steps // 10}")  # the same schedule over the labelled steps of both
             metrics = glm("eval", "-c", str(CONFIG), *common, "--checkpoint", str(run / f"checkpoints/step_{steps:08d}"))
             row = {"seed": seed, "steps": steps, "seconds": round(time.perf_counter() - t0, 1),
                    **{k: metrics[k] for k in METRICS}}
@@ -82,7 +85,7 @@ def main() -> None:
         return f"{statistics.mean(values):.2f} ± {spread:.2f}"
 
     print(f"\n{args.labelled} labelled pairs, {made.get('unlabelled_sources')} unlabelled sources, "
-          f"{args.steps} labelled steps, seeds {args.seeds}\n")
+          f"{args.steps} labelled steps of {args.batch}, teacher beam {args.beam}, seeds {args.seeds}\n")
     print("| method | steps | held-out perplexity | BLEU greedy | BLEU beam |\n|---|---|---|---|---|")
     for method, label in (("supervised", "supervised only"), ("cvt", "CVT (+ unlabelled steps)")):
         print(f"| {label} | {rows[method][0]['steps']} | " + " | ".join(cell(method, k) for k in METRICS) + " |")
