@@ -123,13 +123,16 @@ PIPE_TOL = 1e-5  # fp32; pipelines differ from one process only in summation ord
 
 
 def assert_same_weights(ours_dir, theirs_dir, tol=1e-4):
-    """Two checkpoints consolidate to the same fp32 state dict (what export-hf reads)."""
+    """Two checkpoints consolidate to the same fp32 state dict (what export-hf reads): each tensor
+    within ``tol`` of the other, relative to its largest entry when that is above 1 (T5 v1.1's shared
+    embedding reaches 4.7, where fp32 summation order moves the fifth decimal: 1.1e-4 measured in CI)."""
     from glm_dist.checkpoint.consolidate import consolidated_state_dict
 
     ours, _ = consolidated_state_dict(ours_dir)
     theirs, _ = consolidated_state_dict(theirs_dir)
     assert set(ours) == set(theirs)
-    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < tol
+    worst = max(((ours[k] - theirs[k]).abs().max().item() / max(1.0, theirs[k].abs().max().item()), k) for k in ours)
+    assert worst[0] < tol, worst
 
 
 def pipe_run(shards_dir, out, *extra, nproc=1):
