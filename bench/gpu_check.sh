@@ -186,6 +186,8 @@ can_import() { "$1" -c "import deepspeed, webdataset, wandb, tokenizers, transfo
 setup() {  # the Python to run with, written to $WORK/python: the one at hand if it has everything, else an offline venv
   if can_import "$PY"; then
     echo "using $PY: deepspeed, webdataset, wandb, tokenizers, transformers and pytest import"
+    # DeepSpeed's CPU collective op, built here rather than inside a later stage's timeout
+    [ "$CPU" = 1 ] && { "$PY" "$REPO/launch/build_ops.py" || return 2; }
     echo "$PY" >"$WORK/python"
     return 0
   fi

@@ -38,3 +38,6 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)
     || echo "warning: apt-get install ${missing[*]} failed (see $log); the tests that read them will say so" >&2
 fi
 python -c "import torch, deepspeed, glm_dist" 2>/dev/null || { echo "setup failed: torch/deepspeed/glm_dist do not import" >&2; exit 1; }
+# DeepSpeed's CPU collective op, built now rather than inside the first training process (and any
+# stale lock of a killed build removed): see launch/build_ops.py
+python launch/build_ops.py 2>&1 | grep -v "Setting accelerator to CPU" || { echo "setup failed: launch/build_ops.py" >&2; exit 1; }

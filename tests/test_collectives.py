@@ -47,6 +47,7 @@ def test_helpers_put_tensors_on_the_device_of_the_backend(monkeypatch):
 BROADCAST = """
 import json, sys, torch, torch.distributed as dist
 from glm_dist.parallel import comm
+from glm_dist.parallel.distributed import shutdown_distributed
 dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
 batches = [{"input_ids": torch.arange(7), "mask": torch.tensor([True, False, True]), "w": torch.ones(2, 3) / 3,
             "rows": torch.tensor(5), "none": torch.zeros(0, 4, dtype=torch.int16)},
@@ -55,6 +56,7 @@ got = comm.broadcast_batches(batches if dist.get_rank() == 0 else None)
 same = len(got) == 2 and all(a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
                                                          for k in a) for a, b in zip(got, batches))
 print(json.dumps({"rank": dist.get_rank(), "same": same}))
+shutdown_distributed()  # as every command does: gloo's threads left to teardown can abort the process
 """
 
 

@@ -130,3 +130,37 @@ def test_every_published_size_has_a_recipe_with_a_layout():
     covered = {r.model.flavor for r in recipes}
     sizes = {name for family in FAMILIES for name in published_flavors(family)}
     assert sizes - covered == set()
+
+
+AUTO = """
+import json, sys
+from glm_dist.config.loader import load_config
+from glm_dist.observability.flops import native_bf16
+print(json.dumps([load_config(sys.argv[1]).train.precision, *native_bf16()]))
+"""
+
+
+def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively():
+    """The tiny CPU configs say auto. With oneDNN capped at AVX2 (bf16 then emulated: ~2 GFLOP/s
+    against ~200 in fp32, measured) it is fp32; uncapped, bf16 exactly where the CPU has AMX or
+    AVX512-BF16 (and the same on every load: two processes of one run resolve it alike)."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.conftest import ROOT, clean_env
+
+    def resolve(**env):
+        proc = subprocess.run([sys.executable, "-c", AUTO, TINY], cwd=ROOT, env=clean_env() | env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    capped = resolve(ONEDNN_MAX_CPU_ISA="AVX2")
+    assert capped[:2] == ["fp32", False] and ("ONEDNN_MAX_CPU_ISA" in capped[2] or "neither" in capped[2]), capped
+    native = any(getattr(torch.cpu, probe)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    first = resolve()
+    assert resolve() == first and first[:2] == (["bf16", True] if native else ["fp32", False]), first
+    assert load_config(TINY, ["train.precision=fp32"]).train.precision == "fp32"  # an explicit choice stays

@@ -32,7 +32,8 @@ def test_script_is_valid_bash():
 def test_cpu_fallback_runs_every_stage_and_reports_its_numbers(tmp_path):
     """With GLM_FORCE_COLLECTIVES=1 (the script sets it for the unit tests and the training stages)."""
     proc, report = _run(tmp_path, GLM_GPU_CHECK_CPU="1")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = {name: s for name, s in report["stages"].items() if not s["ok"]}  # with their logs' last lines
+    assert proc.returncode == 0, f"{json.dumps(failed, indent=1)[-4000:]}\n{proc.stderr[-2000:]}"
     assert list(report["stages"]) == STAGES and report["ok"]
     stages = report["stages"]
     assert stages["env"]["cuda"] is False and stages["env"]["torch"].startswith("2.")

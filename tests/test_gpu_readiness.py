@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -128,11 +129,15 @@ def test_matmul_peak_is_the_best_of_every_size_and_repeat(monkeypatch):
                  0.30, 0.02, 0.30]  # n=128: the second product ran undisturbed
     clock = iter(t for d in durations for t in (0.0, d))  # (start, end) of each timed product
     monkeypatch.setattr(flops, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
-    best = measure_matmul_peak(torch.float32, "cpu", sizes=(64, 128), repeats=3)
+    best = measure_matmul_peak(torch.float32, "cpu", sizes=(64, 128), repeats=3, budget_s=float("inf"))
     assert best.size == 128 and best.flops == pytest.approx(2 * 128**3 / 0.02)
     monkeypatch.undo()
     real = measure_matmul_peak(torch.bfloat16, torch.device("cpu"), sizes=(32, 64), repeats=2)
     assert real.size in (32, 64) and real.flops > 0
+    # a size whose products would end past the budget is skipped (8192: ~2 TFLOP per product)
+    start = time.perf_counter()
+    assert measure_matmul_peak(torch.float32, "cpu", sizes=(64, 8192), repeats=1, budget_s=0.5).size == 64
+    assert time.perf_counter() - start < 5
     with pytest.raises(ValueError, match="times CPU and CUDA devices, not 'meta'; set GLM_PEAK_TFLOPS"):
         measure_matmul_peak(torch.float32, "meta")
 

@@ -211,6 +211,7 @@ def saved_bytes(mode):
 report["saved_bytes"] = {mode: saved_bytes(mode) for mode in ("whole", "tp", "tp_sp")}
 with open(f"{out_path}/rank{rank}.json", "w") as f:
     json.dump(report, f)
+dist.destroy_process_group()  # not left to interpreter teardown (see shutdown_distributed)
 '''
 
 

@@ -12,5 +12,11 @@ __all__ = ["CLI", "MAX_CONFIG_BYTES", "ConfigError", "load_config", "load_struct
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Resolve ``path`` (and its ``base:`` chain), apply ``key=value`` overrides, build the schema."""
-    return load_structured(Config, path, overrides)
+    """Resolve ``path`` (and its ``base:`` chain), apply ``key=value`` overrides, build the schema;
+    ``train.precision=auto`` becomes fp32 or bf16 by what this machine's device computes natively."""
+    cfg = load_structured(Config, path, overrides)
+    if cfg.train.precision == "auto":
+        from glm_dist.observability.flops import native_bf16
+
+        cfg.train.precision = "bf16" if native_bf16()[0] else "fp32"
+    return cfg

@@ -139,8 +139,10 @@ class TrainConfig:
     beta2: float = _f(0.95, "AdamW beta2")
     eps: float = _f(1e-8, "AdamW epsilon")
     grad_clip: float = _f(1.0, "clip the global gradient norm (0 disables)")
-    precision: Literal["fp32", "bf16", "bf16-autocast"] = _f(
-        "fp32", "fp32; bf16 = DeepSpeed bf16 (bf16 weights, fp32 master); bf16-autocast = torch.autocast")
+    precision: Literal["fp32", "bf16", "bf16-autocast", "auto"] = _f(
+        "fp32", "fp32; bf16 = DeepSpeed bf16 (bf16 weights, fp32 master); bf16-autocast = torch.autocast; "
+                "auto = bf16 where the device multiplies bf16 in hardware (a CUDA GPU from Ampere on, a CPU with "
+                "AMX or AVX512-BF16), else fp32 (resolved when the config loads; the run's config.yaml records it)")
     activation_checkpointing: bool = _f(False, "recompute each block in the backward pass")
     compile: bool = _f(False, "torch.compile each transformer block in place (regional compilation, "
                        "parallel/compile.py); with activation checkpointing, ZeRO 0-2 and pipelines, "

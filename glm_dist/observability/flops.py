@@ -51,7 +51,22 @@ DATASHEET_TFLOPS: dict[str, Peak] = {
     "NVIDIA GeForce RTX 4090": Peak(165.2, 82.6, 82.6),  # bf16 with fp32 accumulate (330 is fp16 accumulate)
 }
 
-PRECISIONS = ("fp32", "bf16", "bf16-autocast")  # train.precision
+PRECISIONS = ("fp32", "bf16", "bf16-autocast")  # train.precision ("auto" resolves to fp32 or bf16 when a config loads)
+
+
+def native_bf16() -> tuple[bool, str]:
+    """Whether this machine's training device multiplies bf16 in hardware, and what says so.
+    CUDA: ``torch.cuda.is_bf16_supported()`` (Ampere and newer). CPU: AMX or AVX512-BF16, and oneDNN
+    allowed to use them (``ONEDNN_MAX_CPU_ISA`` can cap it). Without them a CPU emulates bf16: a
+    matmul runs ~50x slower than in fp32 (AVX2, measured), so ``train.precision=auto`` takes fp32 there."""
+    if torch.cuda.is_available():
+        ok = torch.cuda.is_bf16_supported()
+        return ok, f"{torch.cuda.get_device_name()} {'has' if ok else 'has no'} bf16 tensor cores"
+    units = [name for name, probe in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+             if getattr(torch.cpu, probe, lambda: False)()]
+    if units and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False, f"the CPU has {' and '.join(units)} but oneDNN may not use them (ONEDNN_MAX_CPU_ISA)"
+    return bool(units), f"the CPU has {' and '.join(units)}" if units else "the CPU has neither AMX nor AVX512-BF16"
 
 
 def matmul_dtype(precision: str) -> torch.dtype:
@@ -86,9 +101,12 @@ DEFAULT_SIZES = {"cpu": (512, 1024, 2048), "cuda": (2048, 4096, 8192)}
 
 
 def measure_matmul_peak(dtype: torch.dtype, device: torch.device | str, *, sizes: Sequence[int] | None = None,
-                        repeats: int = 3) -> MatmulPeak:
+                        repeats: int = 3, budget_s: float = 2.0) -> MatmulPeak:
     """The best FLOP/s of n x n x n matmuls on ``device`` over ``sizes`` (default: per device type,
     :data:`DEFAULT_SIZES`) and ``repeats`` timed products of each, after one warm-up product per size.
+    A larger size is skipped once the rate so far says it would end past ``budget_s`` seconds: on a CPU
+    that emulates bf16 (no AMX or AVX512-BF16: ~2 GFLOP/s) the 2048 size alone would take 40 s, and
+    every run measures at its start.
 
     The best, not a mean: other load on a shared machine only ever slows a product down, so the
     fastest is the closest to the hardware's rate (on a 2-core CPU one single-size run measured
@@ -101,7 +119,10 @@ def measure_matmul_peak(dtype: torch.dtype, device: torch.device | str, *, sizes
     # its own generator: the run's default streams stay untouched (only the main rank measures, and
     # tensor ranks must keep drawing the same dropout masks -- parallel/rng.py)
     gen = torch.Generator(device=device).manual_seed(0)
+    spent = 0.0  # in timed products (a size's warm-up takes about one more)
     for n in sizes or DEFAULT_SIZES[device.type]:
+        if best.flops and spent * (repeats + 1) / repeats + (repeats + 1) * 2 * n**3 / best.flops > budget_s:
+            break
         a, b = (torch.randn(n, n, dtype=dtype, device=device, generator=gen) for _ in range(2))
         a @ b  # warm-up: allocation, kernel choice, clocks
         _sync(device)
@@ -109,7 +130,9 @@ def measure_matmul_peak(dtype: torch.dtype, device: torch.device | str, *, sizes
             start = time.perf_counter()
             a @ b
             _sync(device)
-            best = max(best, MatmulPeak(2 * n**3 / (time.perf_counter() - start), n))
+            took = time.perf_counter() - start
+            spent += took
+            best = max(best, MatmulPeak(2 * n**3 / took, n))
     return best
 
 
