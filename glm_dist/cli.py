@@ -458,7 +458,24 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """``glm``: a user's mistake or a bad input ends in one line and exit code 2; an unexpected
-    error in a one-line summary and the path of its full traceback (exit code 1)."""
+    error in a one-line summary and the path of its full traceback (exit code 1).
+
+    A rank of a multi-process run ends with ``os._exit`` once its output is flushed: its work is done
+    (process group destroyed, checkpoints committed, W&B finished), and the interpreter's teardown can
+    still abort it -- C++ threads of gloo or of a library it loaded, destroyed after Python's, end in
+    "terminate called without an active exception" (SIGABRT), which turned a finished two-rank run into
+    a failed one in CI. Its exit code is then the command's."""
+    code = _main(argv)
+    if "torch.distributed" in sys.modules and os.environ.get("WORLD_SIZE", "1").isdigit() \
+            and int(os.environ["WORLD_SIZE"]) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     from glm_dist.checkpoint.files import force_weights_only
 
     force_weights_only()  # no torch.load of this process runs pickled code

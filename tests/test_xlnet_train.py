@@ -120,7 +120,10 @@ def test_memory_streams_resume_exactly_and_zero2_on_two_ranks_matches_one(corpus
     run_glm(args(corpus, xlnet_shards, shorter, *mem[:-1], "model.mem_len=4", "train.grad_accum_steps=2",
                  "train.micro_batch_size=4"))
     other = train_losses(shorter)
-    assert other[0] == pytest.approx(reference[0], abs=1e-6) and abs(other[2] - reference[2]) > 1e-4  # memory is used
+    # memory is used: the first step (empty memory) agrees, the later ones do not. In CI one step's
+    # difference was 7.2e-5 (step 3, oneDNN capped at AVX2), so the largest over steps 2-6 is asserted.
+    assert other[0] == pytest.approx(reference[0], abs=1e-6), (other, reference)
+    assert max(abs(a - b) for a, b in zip(other[1:], reference[1:])) > 1e-4, (other, reference)
 
 
 @pytest.mark.parametrize("layout, message", [
