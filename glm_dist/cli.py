@@ -466,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     "terminate called without an active exception" (SIGABRT), which turned a finished two-rank run into
     a failed one in CI. Its exit code is then the command's."""
     code = _main(argv)
-    if "torch.distributed" in sys.modules and os.environ.get("WORLD_SIZE", "1").isdigit() \
-            and int(os.environ["WORLD_SIZE"]) > 1:
+    world = os.environ.get("WORLD_SIZE", "")
+    if "torch.distributed" in sys.modules and world.isdigit() and int(world) > 1:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
