@@ -368,7 +368,11 @@ def test_encoder_decoder_tensor_parallel_matches_one_process(config, profile, ex
     # relative: v1.1's untied N(0, 1) output layer starts near a loss of 30, where fp32 summation order
     # moves the fifth decimal
     assert len(tp) == 3 and max(abs(a - b) / max(1.0, abs(a)) for a, b in zip(one, tp)) <= PIPE_TOL, (one, tp)
-    assert_same_weights(tmp_path / "tp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003")
+    # weights within a tenth of one step's learning rate: Adam's first steps move a weight by about
+    # lr * g / (|g| + eps), so where a gradient is near eps the summation order of a split FFN moves the
+    # update itself (v1.1's decoder wi_0: 1.6e-4 apart after 3 steps at lr 3e-3, measured here)
+    assert_same_weights(tmp_path / "tp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003",
+                        tol=3e-4)
     shape = model_shape(config, model_config(load_config(cfg, [o for o in [*PIPE, "model.n_layer=2", *extra]
                                                                if o.startswith("model.")])))
     measured = [json.loads((tmp_path / f"tp2/model_states_rank{r}.json").read_text())["params"] / 4 for r in range(2)]
