@@ -267,7 +267,9 @@ def test_a_rank_that_hangs_is_named_by_the_others(shards_dir, tmp_path):
 
 
 def test_a_rank_killed_mid_step_resumes_on_the_uninterrupted_loss_curve(shards_dir, tmp_path):
-    common = ["train.max_steps=8", "train.save_interval=3", "parallel.zero_stage=2", "train.global_batch_size=8"]
+    # 12 steps: the kill comes after step 4, and at 8 a run whose start no longer waits on a long
+    # peak measurement had finished all of them first (seen in a clean-clone run)
+    common = ["train.max_steps=12", "train.save_interval=3", "parallel.zero_stage=2", "train.global_batch_size=8"]
     straight = tmp_path / "straight"
     run_glm(args(shards_dir, straight, *common), nproc=2)
     broken = tmp_path / "broken"
@@ -281,7 +283,7 @@ def test_a_rank_killed_mid_step_resumes_on_the_uninterrupted_loss_curve(shards_d
         proc.communicate(timeout=120)
     finally:
         _kill_all(proc, workers)
-    assert proc.returncode != 0 and len(train_losses(broken)) < 8
+    assert proc.returncode != 0 and len(train_losses(broken)) < 12
     run_glm(args(shards_dir, broken, *common), nproc=2)
     assert train_losses(broken) == train_losses(straight)
 
