@@ -3,7 +3,7 @@
 - Tensors are safetensors files (``checkpoint/tensorfile.py``): a JSON header and raw bytes, read
   by offset; nothing is unpickled. Where a ``.pt`` file is still read (``load_tensors``: DeepSpeed's
   own files), the load is weights-only: ``enforce_weights_only`` makes that hold for DeepSpeed's
-  loads too (``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` overrides its explicit ``weights_only=False``).
+  loads too (``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` wins over its explicit request for a full unpickle).
 - Everything else (RNG states, the run's position, shard indexes, meta.json) is JSON, read with a
   size bound.
 - ``meta.json`` lists every file with its size and the SHA-256 of each 32 MiB block, checked
@@ -44,8 +44,8 @@ class CheckpointError(GlmError, RuntimeError):
 
 
 def force_weights_only() -> None:
-    """Make every ``torch.load`` of this process weights-only, even where a caller passes
-    ``weights_only=False`` (a process-wide switch: the CLI sets it first thing)."""
+    """Make every ``torch.load`` of this process weights-only, even where a caller asks for a full
+    unpickle (a process-wide switch: the CLI sets it first thing)."""
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
     os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
 
