@@ -121,6 +121,14 @@ def run_glm(args: list[str], *, nproc: int = 1, check: bool = True, timeout: int
     return proc
 
 
+def tagged_json(out: str, tag: str) -> list:
+    """Every JSON value printed right after ``tag`` in ``out``. Ranks of one torchrun share its
+    stdout, and one rank's print may land mid-line of another's, so this scans for the tag rather
+    than splitting lines."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(out, i + len(tag))[0] for i in range(len(out)) if out.startswith(tag, i)]
+
+
 def train_losses(out_dir: str | Path) -> list[float]:
     rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if r["kind"] == "train"]

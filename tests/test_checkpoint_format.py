@@ -21,7 +21,7 @@ from glm_dist.checkpoint.files import BlockHasher, CheckpointError, verify
 from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file, overlaps, split_bounds
 from glm_dist.checkpoint.storage import Storage
 from glm_dist.parallel.tensor import _slice
-from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm, train_losses
+from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm, tagged_json, train_losses
 
 
 # -- the format, without processes ---------------------------------------------------------------------
@@ -244,8 +244,7 @@ def test_each_rank_reads_only_its_share_at_a_layout_change(shards_dir, tmp_path)
                   where=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    decoder = json.JSONDecoder()
-    reports = [decoder.raw_decode(out, i + len("REPORT"))[0] for i in range(len(out)) if out.startswith("REPORT", i)]
+    reports = tagged_json(out, "REPORT")
     saved = sum(p.stat().st_size for p in (tmp_path / "checkpoints/step_00000002/shards").glob("*.safetensors"))
     assert len(reports) == 2
     for r in reports:

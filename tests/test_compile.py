@@ -19,7 +19,7 @@ from glm_dist.models.gpt import GPT, gpt_config
 from glm_dist.models.registry import build_model, resolve_model_config
 from glm_dist.objectives.registry import get_objective
 from glm_dist.parallel.compile import compile_blocks, transformer_blocks
-from tests.conftest import FAST, ROOT, TINY, clean_env, train_losses
+from tests.conftest import FAST, ROOT, TINY, clean_env, tagged_json, train_losses
 
 
 def _gpt(seed: int = 0) -> GPT:
@@ -100,7 +100,7 @@ def _fit(args: list[str], out_dir, nproc: int = 1) -> tuple[list[float], list[di
                            "train.grad_accum_steps=2", *args], cwd=ROOT, env=clean_env(max(1, 2 // nproc)),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = [json.loads(line.split("RESULT", 1)[1]) for line in proc.stdout.splitlines() if "RESULT" in line]
+    results = tagged_json(proc.stdout, "RESULT")
     return train_losses(out_dir), results
 
 

@@ -47,8 +47,13 @@ def test_words_are_spelled_as_elmo_reads_them():
     assert table[3, :3].tolist() == [BOW_CHAR, EOS_CHAR, EOW_CHAR] and (table[4] == word_chars("dog")).all()
 
 
-def test_word_profile_keeps_the_most_frequent_words(shards):
+def test_word_profile_keeps_the_most_frequent_words(shards, corpus):
+    import gzip
+
     from tokenizers import Tokenizer
+
+    from data_pipeline.tokenize.prepare import ShardSpec, is_validation
+    from data_pipeline.tokenize.word import split_words
 
     root = shards("word")
     manifest = read_manifest(root)
@@ -56,9 +61,19 @@ def test_word_profile_keeps_the_most_frequent_words(shards):
     assert t["kind"] == "wordlevel" and t["vocab_size"] == 3000
     ids = t["special_ids"]
     assert (ids["pad"], ids["unk"], ids["bos"], ids["eos"]) == (0, 1, 2, 3) and len(ids["words"]) == 3000
+    # the vocabulary is the 2,996 most frequent words of the training documents: no word left out
+    # is more frequent than a word kept (ties at the cut may go either way)
+    per_mille = ShardSpec.__dataclass_fields__["val_per_mille"].default
+    counts: Counter = Counter()
+    for n, line in enumerate(gzip.open(corpus, "rt", encoding="utf-8"), 1):
+        if not is_validation(f"{corpus}:{n}", per_mille):  # the split hashes PATH:LINE
+            counts.update(split_words(json.loads(line)["text"]))
+    kept = set(ids["words"][4:])
+    assert kept <= set(counts) and len(kept) == 2996
+    assert min(counts[w] for w in kept) >= max(c for w, c in counts.items() if w not in kept)
     tok = Tokenizer.from_file(f"{root}/tokenizer.json")
-    enc = tok.encode("Return the Value, qwzxv!")
-    assert enc.tokens == ["return", "the", "value", ",", "<unk>", "!"]
+    enc = tok.encode("Return the Value, qwzxv.")
+    assert enc.tokens == ["return", "the", "value", ",", "<unk>", "."]
     assert [ids["words"][i] for i in enc.ids] == enc.tokens
 
 

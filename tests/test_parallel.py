@@ -12,7 +12,7 @@ from glm_dist.config.loader import ConfigError, load_config
 from glm_dist.config.checks import model_config, validate
 from glm_dist.parallel.plan import model_shape, model_state_bytes, plan, recommend, stage_params, stage_params_by_layers
 from glm_dist.parallel.topology import Topology
-from tests.conftest import ROOT, TINY, clean_env
+from tests.conftest import ROOT, TINY, clean_env, tagged_json
 
 
 def test_topology_names_the_axes_and_checks_the_world_size():
@@ -430,9 +430,7 @@ def test_pipeline_skips_non_finite_steps_on_every_stage(shards_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script), *args], cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    # each rank prints one REPORT[...]; torchrun may interleave two ranks' prints on one line
-    decoder, out = json.JSONDecoder(), proc.stdout
-    reports = [decoder.raw_decode(out, i + len("REPORT"))[0] for i in range(len(out)) if out.startswith("REPORT", i)]
+    reports = tagged_json(proc.stdout, "REPORT")  # each rank prints one REPORT[...]
     assert len(reports) == 2  # both stages
     for report in reports:
         steps = {r["step"]: r for r in report if "step" in r}
@@ -519,7 +517,9 @@ def test_zero3_local_init_builds_the_model_partitioned_on_the_one_process_losses
     two = pipe_run(shards_dir, tmp_path / "two", "train.init=local", "parallel.zero_stage=3",
                    "train.grad_accum_steps=4", nproc=2)
     assert len(two) == 5 and max(abs(a - b) for a, b in zip(one, two)) <= PIPE_TOL, (one, two)
-    assert abs(one_process[0] - one[0]) > 1e-3  # the local rule draws other weights than one global stream
+    # the local rule draws other weights than one global stream: the losses part by far more than
+    # summation order moves them (the first loss alone differs by 7.8e-4 in CI: 78 x PIPE_TOL)
+    assert max(abs(a - b) for a, b in zip(one_process, one)) > 20 * PIPE_TOL, (one_process, one)
 
     script = tmp_path / "build.py"
     script.write_text(BUILD_REPORT)
@@ -533,7 +533,7 @@ def test_zero3_local_init_builds_the_model_partitioned_on_the_one_process_losses
                               cwd=ROOT, env=clean_env(1),
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        reports = [json.loads(line.split("REPORT", 1)[1]) for line in proc.stdout.splitlines() if "REPORT" in line]
+        reports = tagged_json(proc.stdout, "REPORT")
         peak[n], held[n] = max(r["peak_mb"] for r in reports), max(r["held"] for r in reports)
     assert held[2] <= held[1] / 2 + 1024 and held[4] <= held[1] / 4 + 1024  # parameters held: 1/N
     assert peak[4] < peak[2] < peak[1], peak  # 29M parameters: the construction peak falls with the ranks

@@ -57,7 +57,9 @@ def unigram_baselines(shards: str) -> tuple[float, float]:
 def pretrained(corpus, xlnet_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("xlnet")
     proc = run_glm(args(corpus, xlnet_shards, out, "train.max_steps=500", "train.lr=3e-3", "train.micro_batch_size=16",
-                        "train.eval_batches=8", "train.precision=auto", "train.warmup_steps=20"))
+                        "train.eval_batches=8", "train.precision=fp32", "train.warmup_steps=20"))
+    # fp32 on every CPU: under bf16 (auto on an AVX512-BF16 CPU) the same 500 steps left a model
+    # whose fine-tuned train accuracy was 0.549, below the bar of the export test (0.632)
     return out, summary(proc)
 
 
@@ -69,7 +71,7 @@ def test_tiny_xlnet_pretraining_beats_the_unigram_baseline_and_evaluates(pretrai
     ev = run_glm(["eval", "-c", XLNET, *QUICK, "train.micro_batch_size=16", "train.eval_batches=8",
                   f"data.shards_dir={xlnet_shards}", "--checkpoint", str(out / "checkpoints/step_00000500")])
     metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
-    assert metrics["loss"] == pytest.approx(s["val_loss"], abs=2e-2) and metrics["tokens"] > 0  # trained in auto precision (bf16 where native), evaluated in fp32
+    assert metrics["loss"] == pytest.approx(s["val_loss"], abs=2e-2) and metrics["tokens"] > 0  # the same loss through glm eval
 
 
 def test_xlnet_exports_to_transformers_and_fine_tunes_from_the_last_position(pretrained, tmp_path):
