@@ -122,17 +122,24 @@ PIPE = ["model.n_layer=4", "model.d_model=64", "model.n_head=4", "data.seq_len=6
 PIPE_TOL = 1e-5  # fp32; pipelines differ from one process only in summation order
 
 
-def assert_same_weights(ours_dir, theirs_dir, tol=1e-4):
-    """Two checkpoints consolidate to the same fp32 state dict (what export-hf reads): each tensor
-    within ``tol`` of the other, relative to its largest entry when that is above 1 (T5 v1.1's shared
-    embedding reaches 4.7, where fp32 summation order moves the fifth decimal: 1.1e-4 measured in CI)."""
+def assert_same_weights(ours_dir, theirs_dir, tol=1e-4, far_share=1e-3):
+    """Two checkpoints consolidate to the same fp32 state dict (what export-hf reads). Per tensor:
+    the entries further apart than ``tol`` (relative to the tensor's largest entry when that is above
+    1: T5 v1.1's shared embedding reaches 4.7, where fp32 summation order moves the fifth decimal)
+    are at most ``far_share`` of it (or one entry, in a small tensor).
+    Adam's first steps move a weight by about lr * g / (|g| + eps), so where a gradient is near eps
+    another summation order moves the update itself: one entry of 8,192 in T5 v1.1's decoder
+    self_attn.o was 3.6e-4 apart after 3 steps at lr 3e-3, every other entry within 6e-5. A misplaced or
+    mis-sliced tensor differs in most of its entries, by the order of the entries themselves."""
     from glm_dist.checkpoint.consolidate import consolidated_state_dict
 
     ours, _ = consolidated_state_dict(ours_dir)
     theirs, _ = consolidated_state_dict(theirs_dir)
     assert set(ours) == set(theirs)
-    worst = max(((ours[k] - theirs[k]).abs().max().item() / max(1.0, theirs[k].abs().max().item()), k) for k in ours)
-    assert worst[0] < tol, worst
+    for k in ours:
+        diff, ref = (ours[k] - theirs[k]).float(), theirs[k].float()
+        far = int((diff.abs() > tol * max(1.0, ref.abs().max().item())).sum())
+        assert far <= max(1, far_share * diff.numel()), (k, far, diff.numel(), diff.abs().max().item())
 
 
 def pipe_run(shards_dir, out, *extra, nproc=1):
@@ -368,11 +375,7 @@ def test_encoder_decoder_tensor_parallel_matches_one_process(config, profile, ex
     # relative: v1.1's untied N(0, 1) output layer starts near a loss of 30, where fp32 summation order
     # moves the fifth decimal
     assert len(tp) == 3 and max(abs(a - b) / max(1.0, abs(a)) for a, b in zip(one, tp)) <= PIPE_TOL, (one, tp)
-    # weights within a tenth of one step's learning rate: Adam's first steps move a weight by about
-    # lr * g / (|g| + eps), so where a gradient is near eps the summation order of a split FFN moves the
-    # update itself (v1.1's decoder wi_0: 1.6e-4 apart after 3 steps at lr 3e-3, measured here)
-    assert_same_weights(tmp_path / "tp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003",
-                        tol=3e-4)
+    assert_same_weights(tmp_path / "tp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003")
     shape = model_shape(config, model_config(load_config(cfg, [o for o in [*PIPE, "model.n_layer=2", *extra]
                                                                if o.startswith("model.")])))
     measured = [json.loads((tmp_path / f"tp2/model_states_rank{r}.json").read_text())["params"] / 4 for r in range(2)]
