@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -282,8 +283,10 @@ class Trainer:
                    "val_loss": after["loss"], "val_perplexity": after["perplexity"],
                    **{f"val_{k}": v for k, v in after.items() if k not in ("loss", "perplexity", "tokens")},
                    **asdict(self.state)}
-        self.log.message(f"validation perplexity: {before['perplexity']:.2f} before -> "
-                         f"{after['perplexity']:.2f} after {self.state.step} steps"
+        metric = "perplexity" if math.isfinite(after["perplexity"]) else "loss"  # GloVe's loss is no likelihood
+        digits = 2 if metric == "perplexity" else 4
+        self.log.message(f"validation {metric}: {before[metric]:.{digits}f} before -> "
+                         f"{after[metric]:.{digits}f} after {self.state.step} steps"
                          + ("" if self.state.step >= t.max_steps else
                             f" (stopped at train.stop_at_step; rerun to continue to {t.max_steps})"))
         if self.dist.is_main and t.plot:
