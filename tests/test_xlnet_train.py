@@ -94,12 +94,14 @@ def test_xlnet_exports_to_transformers_and_fine_tunes_from_the_last_position(pre
     assert (theirs[real] - mine[real]).abs().max().item() < 1e-4
 
     run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
-    ft = run_glm(["finetune", "--checkpoint", str(ckpt), "--train", str(tmp_path / "task.jsonl"), "--epochs", "8",
+    ft = run_glm(["finetune", "--checkpoint", str(ckpt), "--train", str(tmp_path / "task.jsonl"), "--epochs", "16",
                   "--lr", "1e-3"])
     result = json.loads(ft.stdout[ft.stdout.index("{"):])
-    # It learns the task: on this machine 0.69-0.80 of the training examples over 4 seeds against a majority
-    # class of 0.48. The 56 held-out examples are too few for a hard line at the majority: here 0.57-0.61
-    # over 4 seeds, but one CI machine's 500-step model measured 0.446 (2 examples under 0.482).
+    # It learns the task. 16 epochs: with 8 (the learning rate decays over them) the training accuracy
+    # ranged 0.58-0.80 over the pretraining splits seen (the split hashes the corpus's PATH:LINE, so
+    # pytest's tmp path changes the 500-step model), under the bar (0.632) in three runs; on one such model
+    # 16 epochs reached 0.955 (held out 0.714) against a majority class of 0.482. The 56 held-out
+    # examples are too few for a hard line at the majority.
     assert result["history"][-1]["train_accuracy"] > result["majority_baseline"] + 0.15, result
     assert result["valid_accuracy"] > result["majority_baseline"] - 0.1, result
 
