@@ -199,3 +199,42 @@ def test_the_embedded_corpus_is_the_same_from_any_checkout(tmp_path):
     digests = [subprocess.run([sys.executable, "-c", script], cwd=where, capture_output=True, text=True,
                               check=True).stdout.strip() for where in (ROOT, copy)]
     assert digests[0] == digests[1] and len(digests[0]) == 64
+
+
+def _split_ids(out) -> dict[str, set[str]]:
+    """split -> the ids in the shards' member metadata."""
+    import tarfile
+
+    ids: dict[str, set[str]] = {}
+    for split, shards in read_manifest(str(out))["splits"].items():
+        for shard in shards:
+            with tarfile.open(out / shard["name"]) as tar:
+                ids.setdefault(split, set()).update(
+                    json.loads(tar.extractfile(m).read())["id"] for m in tar if m.name.endswith(".json"))
+    return ids
+
+
+def test_the_split_is_the_same_wherever_the_corpus_lies_and_follows_a_records_own_id(tmp_path):
+    records = [{"text": f"document number {i} " * 20} | ({"id": f"doc-{i}"} if i % 2 else {}) for i in range(60)]
+    splits = []
+    for where in (tmp_path / "a", tmp_path / "b/deeper/place"):
+        (where / "part").mkdir(parents=True)
+        with gzip.open(where / "part/docs.jsonl.gz", "wt") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in records))
+        prepare_shards(source=str(where / "*/docs.jsonl.gz"), out_dir=str(where / "shards"), vocab_size=300,
+                       val_per_mille=300)
+        splits.append(_split_ids(where / "shards"))
+    assert splits[0] == splits[1] and all(splits[0].get(s) for s in ("train", "validation"))
+    everything = splits[0]["train"] | splits[0]["validation"]
+    assert everything == {f"doc-{i}" if i % 2 else f"part/docs.jsonl.gz:{i + 1}" for i in range(60)}
+
+
+def test_the_cloze_tasks_held_out_documents_are_the_embedded_pretrainings_validation_split(shards_dir):
+    from pathlib import Path
+
+    from data_pipeline.tasks.cloze import build
+
+    ids = _split_ids(Path(shards_dir))
+    assert all(i.startswith("pydoc:") for split in ids.values() for i in split)
+    test = {r["id"].rsplit("/p", 1)[0] for r in build().splits["test"]}
+    assert len(test) >= 10 and test <= ids["validation"] and not test & ids["train"]

@@ -411,8 +411,10 @@ def test_glm_generate_streams_the_greedy_continuation(gpt2_run):
     lm = load_decoder(gpt2_run[0])
     prompt = lm.tokenizer.encode("Return the").ids
     seq = generate(lm.model, torch.tensor([prompt]), GenerationConfig(max_new_tokens=12, eos_id=lm.eos_id))[0]
-    expected = lm.tokenizer.decode([t for t in seq[len(prompt):].tolist() if t != lm.eos_id])
-    assert proc.stdout == expected + "\n" and len(expected.split()) >= 2  # only the text on stdout
+    new = [t for t in seq[len(prompt):].tolist() if t != lm.eos_id]
+    expected = lm.tokenizer.decode(new)
+    # only the text on stdout; what the tiny 60-step model says is not a bar (once only spaces and a "|")
+    assert proc.stdout == expected + "\n" and len(new) >= 2 and expected.strip()
 
     class Pieces(io.StringIO):
         writes: list[str] = []

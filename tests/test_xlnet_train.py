@@ -98,8 +98,8 @@ def test_xlnet_exports_to_transformers_and_fine_tunes_from_the_last_position(pre
                   "--lr", "1e-3"])
     result = json.loads(ft.stdout[ft.stdout.index("{"):])
     # It learns the task. 16 epochs: with 8 (the learning rate decays over them) the training accuracy
-    # ranged 0.58-0.80 over the pretraining splits seen (the split hashes the corpus's PATH:LINE, so
-    # pytest's tmp path changes the 500-step model), under the bar (0.632) in three runs; on one such model
+    # ranged 0.58-0.80 over the pretraining splits seen (when the split hashed the corpus's tmp path, so
+    # each run had another 500-step model), under the bar (0.632) in three runs; on one such model
     # 16 epochs reached 0.955 (held out 0.714) against a majority class of 0.482. The 56 held-out
     # examples are too few for a hard line at the majority.
     assert result["history"][-1]["train_accuracy"] > result["majority_baseline"] + 0.15, result

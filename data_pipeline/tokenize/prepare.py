@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -70,8 +71,10 @@ def read_documents(source: str, *, text_field: str = "text", max_record_mb: floa
     if source == "embedded":
         yield from embedded_documents()
         return
-    for url in _source_urls(source):
-        yield from _read_file(url, text_field=text_field, max_record_mb=max_record_mb, skipped=skipped)
+    urls = _source_urls(source)
+    root = source_root(source)
+    for url in urls:
+        yield from _read_file(url, text_field=text_field, max_record_mb=max_record_mb, skipped=skipped, root=root)
 
 
 def _source_urls(source: str) -> list[str]:
@@ -94,23 +97,55 @@ def _source_urls(source: str) -> list[str]:
     return sorted(files)
 
 
-def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Counter | None) -> Iterator[dict]:
-    """The documents of one file (``.json`` in the name: JSONL, else one text document), with the
-    ids shards have always used -- ``PATH:LINE`` and ``PATH`` -- since the split and the shard keys
-    hash them. What the reader skips is added to ``skipped`` under :func:`_skip_key` names and
-    logged (``skipped=None``: neither, for the tokenizer-training pass over the same files)."""
+def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Counter | None,
+               root: str | None = None) -> Iterator[dict]:
+    """The documents of one file (``.json`` in the name: JSONL, else one text document) as
+    ``{"id", "place", "text"}``. ``place`` is where the document is -- ``PATH:LINE`` for JSONL,
+    ``PATH`` for text, with PATH relative to ``root`` (the source's folder, :func:`source_root`) --
+    and keys the shard member; ``id`` is a JSONL record's own non-empty string ``id`` field, else the
+    place. The split and the tasks' held-out sets hash the id, so neither moves when the corpus is
+    copied elsewhere or read from another working directory. What the reader skips is added to
+    ``skipped`` under :func:`_skip_key` names and logged (``skipped=None``: neither, for the
+    tokenizer-training pass over the same files)."""
     path = fsspec.core.url_to_fs(url)[1]
+    rel = _relative(path, root if root is not None else posixpath.dirname(path))
     fmt = "jsonl" if ".json" in path else "text"
-    cfg, stats = ReaderCfg(format=fmt, text_field=text_field, id_field=None, max_record_mb=max_record_mb), Stats()
+    cfg = ReaderCfg(format=fmt, text_field=text_field, id_field=None, max_record_mb=max_record_mb)
+    stats = Stats()
     try:
         for doc in read(url, cfg, stats):
-            if fmt == "jsonl":  # with id_field=None the reader's id is NAME:LINE
-                yield {"id": f"{path}:{doc.id.rpartition(':')[2]}", "text": doc.text}
+            if fmt == "jsonl":  # with id_field=None the reader's id is NAME:LINE and the record's id is in meta
+                place = f"{rel}:{doc.id.rpartition(':')[2]}"
+                own = doc.meta.get("id")
+                yield {"id": own if isinstance(own, str) and own else place, "place": place, "text": doc.text}
             else:  # universal newlines, as the text-mode reads before the shared readers
-                yield {"id": path, "text": doc.text.replace("\r\n", "\n").replace("\r", "\n")}
+                yield {"id": rel, "place": rel, "text": doc.text.replace("\r\n", "\n").replace("\r", "\n")}
     finally:
         if skipped is not None:
             _count_skips(url, stats, skipped)
+
+
+def _relative(path: str, root: str) -> str:
+    root = root.rstrip("/")
+    return path[len(root) + 1:] if root and path.startswith(root + "/") else posixpath.basename(path)
+
+
+def source_root(source: str) -> str:
+    """The folder a source's relative document places start from: the source itself when it is a
+    folder (a crawl-pipeline run, say), else the folder above its first wildcard or above the file."""
+    if source == "embedded":
+        return ""
+    path = fsspec.core.url_to_fs(source)[1]
+    wild = re.search(r"[*?\[]", path)
+    if wild:
+        return posixpath.dirname(path[:wild.start()])
+    if posixpath.basename(path) == "manifest.json":
+        return posixpath.dirname(path)
+    fs = fsspec.core.url_to_fs(source, **storage_options(source))[0]
+    try:
+        return path.rstrip("/") if fs.isdir(path) else posixpath.dirname(path)
+    except OSError:
+        return posixpath.dirname(path)
 
 
 def _count_skips(url: str, stats: Stats, skipped: Counter) -> None:
@@ -159,6 +194,13 @@ def source_files(spec: ShardSpec) -> list[str]:
     return [fs.unstrip_protocol(n) for n in names]
 
 
+def files_root(spec: ShardSpec) -> str:
+    """The folder :func:`source_files`' document places are relative to."""
+    if spec.source == "embedded":
+        return fsspec.core.url_to_fs(f"{spec.out_dir}/source")[1]
+    return source_root(spec.source)
+
+
 def ensure_tokenizer(spec: ShardSpec, files: list[str]) -> Tokenizer:
     fs, root = fsspec.core.url_to_fs(spec.out_dir)
     path = f"{root}/tokenizer.json"
@@ -184,8 +226,10 @@ def _load_tokenizer(url: str) -> Tokenizer:
 
 def _training_texts(spec: ShardSpec, files: list[str]) -> Iterator[str]:
     budget = spec.tokenizer_train_chars
+    root = files_root(spec)
     for name in files:
-        for doc in _read_file(name, text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=None):
+        for doc in _read_file(name, text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=None,
+                              root=root):
             if not is_validation(doc["id"], spec.val_per_mille):
                 budget -= len(doc["text"])
                 yield doc["text"]
@@ -204,7 +248,8 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
     writers = {s: ShardSetWriter(spec.out_dir, s, spec.shard_max_bytes, prefix=f"{s}-{task:05d}")
                for s in ("train", "validation")}
     skipped: Counter = Counter()
-    docs = _read_file(files[task], text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=skipped)
+    docs = _read_file(files[task], text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=skipped,
+                      root=files_root(spec))
     documents = 0
     try:
         for batch in _batches(docs, ENCODE_BATCH, skipped):
@@ -212,7 +257,7 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
                 split = "validation" if is_validation(doc["id"], spec.val_per_mille) else "train"
                 sentences = sentence_token_starts(sentence_char_starts(doc["text"]), enc.offsets)
                 meta = {"id": doc["id"], "n_bytes": len(doc["text"].encode())}
-                writers[split].write(hashlib.sha1(doc["id"].encode()).hexdigest()[:16],
+                writers[split].write(hashlib.sha1(doc["place"].encode()).hexdigest()[:16],
                                      np.asarray(enc.ids, dtype=dtype), meta, sentences=sentences)
                 documents += 1
         shards = {s: [vars(i) for i in w.close()] for s, w in writers.items()}
