@@ -12,7 +12,6 @@ scale, and a mean keeps the step the same at any data-parallel size.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
@@ -92,8 +91,7 @@ class GloVeObjective(Objective):
 
     def report(self, totals):
         """The weighted squared error per triple (GloVe's cost); no perplexity to speak of."""
-        return {"loss": totals["cost"] / max(totals["triples"], 1), "perplexity": math.nan,
-                "tokens": int(totals["triples"])}
+        return {"loss": totals["cost"] / max(totals["triples"], 1), "tokens": int(totals["triples"])}
 
 
 GLOVE = GloVeObjective(name="glove", salt=1020, sums=("cost", "triples"))

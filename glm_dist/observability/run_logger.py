@@ -6,7 +6,6 @@ W&B is offline unless an API key is set (``logging.wandb_mode: auto``); the run 
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 import sys
@@ -99,8 +98,8 @@ class RunLogger:
         self._append({"kind": "val", "step": step, **{f"val_{k}": v for k, v in metrics.items()}})
         extra = "".join(f", {k.replace('_', ' ')} {metrics[k]:.4f}" for k in
                         ("bits_per_byte", "accuracy", "sentence_accuracy", "replaced_accuracy") if k in metrics)
-        ppl = metrics.get("perplexity", math.nan)  # NaN where the loss is no likelihood (GloVe's least squares)
-        ppl_text = f", perplexity {ppl:.2f}" if math.isfinite(ppl) else ""
+        # no perplexity where the loss is no likelihood (GloVe's least squares reports none)
+        ppl_text = f", perplexity {metrics['perplexity']:.2f}" if "perplexity" in metrics else ""
         self.message(f"step {step}: validation loss {metrics['loss']:.4f}{ppl_text}{extra}")
         if self.wandb_run is not None:
             self.wandb_run.log({f"val/{k}": v for k, v in metrics.items()}, step=step)

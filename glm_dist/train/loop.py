@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -279,11 +278,9 @@ class Trainer:
                 raise self._timed_out(err) from None
             raise
         self._write_memory()
-        summary = {"val_loss_before": before["loss"], "val_perplexity_before": before["perplexity"],
-                   "val_loss": after["loss"], "val_perplexity": after["perplexity"],
-                   **{f"val_{k}": v for k, v in after.items() if k not in ("loss", "perplexity", "tokens")},
-                   **asdict(self.state)}
-        metric = "perplexity" if math.isfinite(after["perplexity"]) else "loss"  # GloVe's loss is no likelihood
+        summary = {**{f"val_{k}_before": before[k] for k in ("loss", "perplexity") if k in before},
+                   **{f"val_{k}": v for k, v in after.items() if k != "tokens"}, **asdict(self.state)}
+        metric = "perplexity" if "perplexity" in after else "loss"  # GloVe's loss is no likelihood
         digits = 2 if metric == "perplexity" else 4
         self.log.message(f"validation {metric}: {before[metric]:.{digits}f} before -> "
                          f"{after[metric]:.{digits}f} after {self.state.step} steps"
