@@ -98,7 +98,7 @@ def _source_urls(source: str) -> list[str]:
 
 
 def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Counter | None,
-               root: str | None = None) -> Iterator[dict]:
+               root: str) -> Iterator[dict]:
     """The documents of one file (``.json`` in the name: JSONL, else one text document) as
     ``{"id", "place", "text"}``. ``place`` is where the document is -- ``PATH:LINE`` for JSONL,
     ``PATH`` for text, with PATH relative to ``root`` (the source's folder, :func:`source_root`) --
@@ -108,7 +108,7 @@ def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Coun
     ``skipped`` under :func:`_skip_key` names and logged (``skipped=None``: neither, for the
     tokenizer-training pass over the same files)."""
     path = fsspec.core.url_to_fs(url)[1]
-    rel = _relative(path, root if root is not None else posixpath.dirname(path))
+    rel = _relative(path, root)
     fmt = "jsonl" if ".json" in path else "text"
     cfg = ReaderCfg(format=fmt, text_field=text_field, id_field=None, max_record_mb=max_record_mb)
     stats = Stats()

@@ -12,7 +12,6 @@ scale, and a mean keeps the step the same at any data-parallel size.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
