@@ -237,6 +237,9 @@ def test_tensor_and_pipeline_parallelism_are_refused_for_families_without_them()
     albert = str(ROOT / "configs/experiments/albert-tiny-cpu.yaml")
     with pytest.raises(ConfigError, match="runs gpt .* not albert"):
         validate(load_config(albert, ["parallel.pipeline_stages=2"]), world_size=2)
+    with pytest.raises(ConfigError, match="draws the weights of the gpt, gpt1, bert, roberta, albert, t5, bart "
+                                          "families by their rules, and xlnet has none"):
+        validate(load_config(xlnet, ["train.init=local"]), world_size=1)
 
 
 def test_tensor_slices_take_each_fused_part_and_reassemble():
@@ -463,21 +466,71 @@ def test_local_init_draws_each_parameter_from_its_own_seeded_generator():
     """train.init=local: GPT-2's rule per parameter name, the same values whatever the module holds."""
     import torch
 
-    from glm_dist.models.gpt import GPT, gpt_config
+    from glm_dist.models.gpt import GPT, gpt_config, local_init_std
     from glm_dist.parallel.init import init_stage
 
-    model = GPT(gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048))
-    assert init_stage(model, lambda key: key, scaled_residual=True, n_layer=4, seed=7) == len(list(model.parameters()))
+    cfg = gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048)
+    model, std = GPT(cfg), local_init_std(cfg)
+    assert init_stage(model, lambda key: key, std=std, seed=7) == len(list(model.parameters()))
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     assert torch.equal(sd["blocks.0.ln_1.weight"], torch.ones(64)) and not sd["blocks.2.mlp.fc.bias"].any()
     assert abs(sd["blocks.1.mlp.fc.weight"].std().item() - 0.02) < 0.002
     assert abs(sd["blocks.1.mlp.proj.weight"].std().item() - 0.02 / 8 ** 0.5) < 0.001  # 0.02 / sqrt(2 n_layer)
     # one block on its own (as a pipeline stage holds it) gets the same values under its unsplit name
     block = model.blocks[3]
-    init_stage(block, lambda key: f"blocks.3.{key}", scaled_residual=True, n_layer=4, seed=7)
+    init_stage(block, lambda key: f"blocks.3.{key}", std=std, seed=7)
     assert all(torch.equal(v, sd[f"blocks.3.{k}"]) for k, v in block.state_dict().items())
-    init_stage(block, lambda key: f"blocks.3.{key}", scaled_residual=True, n_layer=4, seed=8)
+    init_stage(block, lambda key: f"blocks.3.{key}", std=std, seed=8)
     assert not torch.equal(block.attn.qkv.weight, sd["blocks.3.attn.qkv.weight"])
+
+
+@pytest.mark.parametrize("flavor", ["t5-tiny", "t5-v1_1-tiny", "bart-tiny"])
+def test_local_init_rule_draws_the_variances_the_model_itself_draws(flavor):
+    """The encoder-decoders' per-parameter rules (their registry rows' init_std) give each tensor the
+    spread the model's own init gives it -- T5's fan-in variances, BART's N(0, 0.02) -- from
+    generators of their own, for every parameter."""
+    import torch
+
+    from glm_dist.models.registry import family
+    from glm_dist.parallel.init import init_whole
+
+    spec = family(flavor.split("-")[0])
+    cfg = spec.config(flavor, d_ff=256) if flavor.startswith("t5") else spec.config(flavor)
+    torch.manual_seed(0)
+    own, local = spec.model(cfg), spec.model(cfg)
+    assert init_whole(local, std=spec.init_std(cfg), seed=3) == len(list(local.parameters()))
+    theirs = dict(own.named_parameters())
+    for name, p in local.named_parameters():
+        ref = theirs[name]
+        if ref.dim() == 1:  # biases and norms: the same constants
+            assert torch.equal(p, ref), name
+            continue
+        tol = max(0.1, 4 / (2 * ref.numel()) ** 0.5)  # 4 standard errors of a sample std
+        assert abs(p.std().item() / ref.std().item() - 1) < tol, (name, p.std().item(), ref.std().item())
+        assert not torch.equal(p, ref), name  # drawn anew, by name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, profile, extra", [
+    ("t5", "t5", ["model.flavor=t5-v1_1-tiny", "model.d_ff=128"]),  # untied N(0, 1) output, gated FFN
+    ("bart", "roberta", []),
+], ids=["t5-v1_1", "bart"])
+def test_encoder_decoder_zero3_local_init_follows_one_process(config, profile, extra, shards, tmp_path):
+    """T5 and BART built under deepspeed.zero.Init (train.init=local, ZeRO-3 over 2 ranks): every rank
+    draws its partitions by the family's rule, and the run follows one process with train.init=local
+    step by step -- an init that is not the default one (the losses part from train.init=whole's)."""
+    from tests.conftest import run_glm, train_losses
+
+    cfg = str(ROOT / f"configs/experiments/{config}-tiny-cpu.yaml")
+    args = ["train", "-c", cfg, *PIPE, "model.n_layer=2", "train.max_steps=3", f"data.shards_dir={shards(profile)}",
+            *extra]
+    runs = {"whole": (["train.grad_accum_steps=2"], 1), "one": (["train.init=local", "train.grad_accum_steps=2"], 1),
+            "zero3": (["train.init=local", "parallel.zero_stage=3"], 2)}
+    for name, (layout, nproc) in runs.items():
+        run_glm([*args, f"train.out_dir={tmp_path / name}", *layout], nproc=nproc)
+    whole, one, zero3 = (train_losses(tmp_path / name) for name in runs)
+    assert len(zero3) == 3 and max(abs(a - b) / max(1.0, abs(a)) for a, b in zip(one, zero3)) <= PIPE_TOL, (one, zero3)
+    assert max(abs(a - b) for a, b in zip(whole, one)) > 20 * PIPE_TOL, (whole, one)
 
 
 @pytest.mark.slow

@@ -287,12 +287,12 @@ def check_family_layout(cfg: Config, spec, topo) -> None:
 
 
 def check_local_init(cfg: Config, spec, topo) -> None:
-    """train.init=local draws each parameter by GPT-2's / BERT's rule (parallel/init.py)."""
+    """train.init=local draws each parameter by its family's rule (parallel/init.py, the registry's init_std)."""
     where = source_of(cfg, "train.init")
     if not spec.local_init:
         able = [name for name, f in FAMILIES.items() if f.local_init]
         raise ConfigError(f"train.init=local ({where}) draws the weights of the {', '.join(able)} families by their "
-                          f"N(0, 0.02) rule, not {cfg.model.family}'s; use train.init=whole")
+                          f"rules, and {cfg.model.family} has none; use train.init=whole")
     if cfg.train.init_from:
         raise ConfigError(f"train.init=local ({where}) draws new weights, train.init_from loads "
                           f"{cfg.train.init_from}'s: give one")

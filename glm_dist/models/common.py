@@ -141,6 +141,11 @@ def init_gpt_weights(module: nn.Module, *, n_layer: int, std: float = 0.02) -> N
             nn.init.normal_(p, mean=0.0, std=std)
 
 
+def normal_init_std(cfg: Any) -> Callable[[str], float]:
+    """train.init=local's rule for BERT, GPT-1 and BART (parallel/init.py): every weight N(0, 0.02)."""
+    return lambda name: 0.02
+
+
 def count_parameters(model: nn.Module) -> int:
     """Unique parameters (tied weights counted once); works on the meta device."""
     return sum(p.numel() for p in model.parameters())

@@ -7,6 +7,7 @@ from the same definition (``GPT.layers()``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -67,6 +68,13 @@ def gpt_config(flavor: str, **overrides) -> GPTConfig:
     if flavor not in FLAVORS:
         raise KeyError(f"unknown GPT flavor {flavor!r}; known: {', '.join(FLAVORS)}")
     return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
+    """GPT-2's rule by parameter name (train.init=local; parallel/init.py): N(0, 0.02), the residual
+    projections 0.02 / sqrt(2 n_layer) -- what ``init_gpt_weights`` draws from one stream."""
+    scaled = 0.02 / math.sqrt(2 * cfg.n_layer)
+    return lambda name: scaled if name.endswith("proj.weight") else 0.02
 
 
 class GPTEmbedding(nn.Module):

@@ -41,8 +41,9 @@ class FamilySpec:
     sequence_parallel: bool = False  # its layers() list (embedding, blocks, head) cut along the sequence between the ends
     next_token_logits: bool = False  # a decoder-only LM: forward(ids (B, T)) -> logits (B, T, V) (rolling
     # perplexity of documents, lm-eval tasks in the training loop)
-    local_init: bool = False  # its weights follow parallel/init.py's per-parameter rule (train.init=local)
-    scaled_residual_init: bool = False  # GPT-2: residual projections drawn with std 0.02 / sqrt(2 n_layer)
+    # train.init=local: model config -> the std of each parameter's normal draw by its name (parallel/init.py
+    # draws every parameter from its own seeded generator, so no rank builds the whole model); None: refused
+    init_std: Callable[[Any], Callable[[str], float]] | None = None
     hf: str | None = None  # module with ``import_hf`` / ``export_hf``
     hf_classes: tuple[str, ...] = ()  # what the export loads in transformers
     exported: str | None = None  # the submodule exported and fine-tuned (ELECTRA's discriminator)
@@ -57,6 +58,11 @@ class FamilySpec:
     prepare: str | None = None
     adapter_sites: tuple[str, ...] = ()  # output projections of the blocks' attention / FFN sublayers (Houlsby adapters)
     features: str | None = None  # "module:function" (model, tokenizer, texts, batch_size=) -> arrays (glm features)
+
+    @property
+    def local_init(self) -> bool:
+        """Whether train.init=local can draw its weights."""
+        return self.init_std is not None
 
     @property
     def tensor_parallel(self) -> bool:
@@ -78,7 +84,7 @@ ENCODER_PIPELINE = PipelineSpec("glm_dist.parallel.pipeline:encoder_pipeline",
 def _encoder(name: str, objectives: tuple[str, ...], *, pipeline: PipelineSpec | None = None, **kw) -> FamilySpec:
     return FamilySpec(_flavors(bert.FLAVORS, name + "-"), bert.encoder_config, bert.Encoder, objectives,
                       pipeline=pipeline, tensor_plans=bert.TENSOR_PLANS, vocab_parallel=True, sequence_parallel=True,
-                      local_init=True,
+                      init_std=common.normal_init_std,
                       hf="glm_dist.hf.bert", finetune=ENCODER_FINETUNE,
                       adapter_sites=ENCODER_ADAPTERS, **kw)
 
@@ -88,14 +94,16 @@ GPT_FINETUNE = dict(finetune=("classify", "entailment", "similarity", "multiple_
                     finetune_with="glm_dist.transfer.finetune:finetune_gpt", adapter_sites=("attn.proj", "mlp.proj"))
 
 FAMILIES: dict[str, FamilySpec] = {
-    "gpt": FamilySpec(gpt.FLAVORS, gpt.gpt_config, gpt.GPT, ("clm",), next_token_logits=True, local_init=True,
+    "gpt": FamilySpec(gpt.FLAVORS, gpt.gpt_config, gpt.GPT, ("clm",), next_token_logits=True,
+                      init_std=gpt.local_init_std,
                       tensor_plans=common.GPT_TENSOR_PLANS, vocab_parallel=True,
-                      sequence_parallel=True, scaled_residual_init=True,
+                      sequence_parallel=True,
                       pipeline=PipelineSpec("glm_dist.parallel.pipeline:gpt_pipeline",
                                             "glm_dist.parallel.pipeline:gpt_source_name", ("clm",)),
                       hf="glm_dist.hf.gpt2", hf_classes=("GPT2LMHeadModel",), **GPT_FINETUNE),
     # GPT-1: GPT's layers with post-LN blocks; data parallelism and ZeRO only (the pipeline cuts GPT-2's blocks).
-    "gpt1": FamilySpec(gpt1.FLAVORS, gpt1.gpt1_config, gpt1.GPT1, ("clm",), next_token_logits=True, local_init=True,
+    "gpt1": FamilySpec(gpt1.FLAVORS, gpt1.gpt1_config, gpt1.GPT1, ("clm",), next_token_logits=True,
+                       init_std=common.normal_init_std,
                        hf="glm_dist.hf.openai_gpt",
                        hf_classes=("OpenAIGPTLMHeadModel",), **GPT_FINETUNE),
     "bert": _encoder("bert", ("mlm_nsp", "mlm"), pipeline=ENCODER_PIPELINE, hf_classes=("BertForPreTraining",)),
@@ -106,14 +114,14 @@ FAMILIES: dict[str, FamilySpec] = {
                           tensor_plans=bert.TENSOR_PLANS, hf="glm_dist.hf.bert", hf_classes=("ElectraForPreTraining",),
                           exported="discriminator", finetune=ENCODER_FINETUNE, adapter_sites=ENCODER_ADAPTERS),
     "t5": FamilySpec(t5.FLAVORS, t5.t5_config, t5.T5, ("span_corruption",), stacks=2, tensor_plans=t5.TENSOR_PLANS,
-                     hf="glm_dist.hf.t5",
+                     init_std=t5.local_init_std, hf="glm_dist.hf.t5",
                      hf_classes=("T5ForConditionalGeneration",), finetune=("seq2seq",), decoder_start="pad",
                      adapter_sites=("self_attn.o", "cross_attn.o", "ffn.wo")),
     "xlnet": FamilySpec(xlnet.FLAVORS, xlnet.xlnet_config, xlnet.XLNet, ("plm",), hf="glm_dist.hf.xlnet",
                         hf_classes=("XLNetLMHeadModel",), finetune=ENCODER_FINETUNE, summary_position=-1, pad_left=True,
                         adapter_sites=("attn.o", "ffn.proj")),
     "bart": FamilySpec(bart.FLAVORS, bart.bart_config, bart.Bart, ("denoising",), stacks=2, tensor_plans=bart.TENSOR_PLANS,
-                       hf="glm_dist.hf.bart",
+                       init_std=common.normal_init_std, hf="glm_dist.hf.bart",
                        hf_classes=("BartForConditionalGeneration",), finetune=("seq2seq",), decoder_start="eos",
                        adapter_sites=("self_attn.out_proj", "cross_attn.out_proj", "fc2")),
     # the recurrent era: data parallel + ZeRO only (no pipeline, no tensor split, no transformers export)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -185,6 +186,17 @@ class T5Stack(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, bias, memory, cross, None if cache is None else cache[i])
         return self.drop(self.ln_final(x))
+
+
+def local_init_std(cfg: T5Config) -> Callable[[str], float]:
+    """``T5._init``'s variances by parameter name (train.init=local; parallel/init.py): the
+    embeddings and an untied output N(0, 1), query (d_model d_kv)^-1/2, key, value, the bias table
+    and the FFN input d_model^-1/2, attention output (heads d_kv)^-1/2, FFN output d_ff^-1/2."""
+    d, kv, h = cfg.d_model, cfg.d_kv, cfg.n_head
+    stds = {"shared": 1.0, "lm_head": 1.0, "q": (d * kv) ** -0.5, "k": d ** -0.5, "v": d ** -0.5,
+            "o": (h * kv) ** -0.5, "relative_bias": d ** -0.5, "wi": d ** -0.5, "wi_0": d ** -0.5,
+            "wi_1": d ** -0.5, "wo": cfg.d_ff ** -0.5}
+    return lambda name: stds[name.split(".")[-2]]
 
 
 class T5(nn.Module):

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from glm_dist.models.bert import Encoder, EncoderBlock, EncoderEmbedding, pipeline_refusal
-from glm_dist.models.gpt import GPT, GPTBlock, GPTEmbedding
+from glm_dist.models.common import normal_init_std
+from glm_dist.models.gpt import GPT, GPTBlock, GPTEmbedding, local_init_std
 from glm_dist.objectives.base import IGNORE_INDEX, token_report
 from glm_dist.parallel import comm
 from glm_dist.parallel.tensor import output_logits
@@ -67,7 +68,7 @@ def check_partition(specs: list, stages: int, method: str, block: type) -> list[
     return parts
 
 
-def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, scaled_residual: bool) -> None:
+def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, std) -> None:
     """The stage's weights: copied from the whole model, or (``local_seed``) drawn per parameter
     without it (``parallel/init.py``)."""
     if local_seed is None:
@@ -75,7 +76,7 @@ def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, 
     else:
         from glm_dist.parallel.init import init_stage
 
-        init_stage(pipe, rename, scaled_residual=scaled_residual, n_layer=model.cfg.n_layer, seed=local_seed)
+        init_stage(pipe, rename, std=std(model.cfg), seed=local_seed)
 
 
 def gpt_pipeline(model: GPT, *, stages: int, loss_fn, topology=None, partition: str = "blocks",
@@ -96,7 +97,7 @@ def gpt_pipeline(model: GPT, *, stages: int, loss_fn, topology=None, partition: 
                           loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block="GPTBlock"),
                           activation_checkpoint_interval=checkpoint_interval,
                           checkpointable_layers=["GPTBlock"])  # not the embedding: its input is token ids
-    _fill(model, pipe, lambda key: gpt_source_name(key, cfg.n_layer), local_seed, scaled_residual=True)
+    _fill(model, pipe, lambda key: gpt_source_name(key, cfg.n_layer), local_seed, std=local_init_std)
     mark_for_grad_norm(pipe)
     return pipe
 
@@ -285,6 +286,6 @@ def encoder_pipeline(model: Encoder, *, stages: int, loss_fn, topology=None, par
                           loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block="EncoderBlock"),
                           activation_checkpoint_interval=checkpoint_interval,
                           checkpointable_layers=["PipeEncoderBlock"])  # not the embedding: its input is token ids
-    _fill(model, pipe, lambda key: encoder_source_name(key, cfg.n_layer), local_seed, scaled_residual=False)
+    _fill(model, pipe, lambda key: encoder_source_name(key, cfg.n_layer), local_seed, std=normal_init_std)
     mark_for_grad_norm(pipe)
     return pipe

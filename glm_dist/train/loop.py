@@ -208,8 +208,7 @@ class Trainer:
                 return build_model(cfg.model.family, self.model_cfg)
         from glm_dist.parallel.init import init_whole, partitioned_build
 
-        rule = dict(scaled_residual=family(cfg.model.family).scaled_residual_init, n_layer=self.model_cfg.n_layer,
-                    seed=cfg.train.seed)
+        rule = dict(std=family(cfg.model.family).init_std(self.model_cfg), seed=cfg.train.seed)
         if cfg.parallel.zero_stage == 3:  # parameters partitioned as they are made (deepspeed.zero.Init)
             dp = self.dist.world_size // cfg.parallel.tensor_parallel
             return partitioned_build(lambda: build_model(cfg.model.family, self.model_cfg),
