@@ -82,6 +82,45 @@ def test_span_and_token_heads_fine_tune_from_every_encoder_family(name, wordnet_
     assert tagged["valid_accuracy"] > tagged["majority_baseline"] + 0.05, tagged
 
 
+def test_token_heads_take_ulmfits_tricks_and_adapters(wordnet_rows):
+    """glm finetune's tricks reach the token-level heads: with gradual unfreezing the first epoch
+    trains only the head and the second adds the top block; with adapters the encoder's own weights
+    stay as loaded but its norms."""
+    from glm_dist.parallel.distributed import init_distributed
+
+    init_distributed()
+    sentences = [" ".join(r["tokens"]) for r in wordnet_rows["tokens"]]
+    tok = train_tokenizer("bert", sentences, vocab_size=800)
+    pad = special_ids(tok, "bert")["pad"]
+    train, valid = split_rows(wordnet_rows["tokens"], 200)
+    base = dict(checkpoint="", train="", task="tokens", lr=3e-3, batch_size=16, max_len=96)
+
+    encoder, pad_left = _encoder("bert", tok)
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    moved = {}
+    for epochs in (1, 2):
+        encoder, pad_left = _encoder("bert", tok)
+        args = FinetuneArgs(**base, epochs=epochs, schedule="stlr", discriminative_lr=2.6, gradual_unfreezing=True)
+        tagged = token_tasks.train_tokens(encoder, tok, train, valid, args, pad_id=pad, pad_left=pad_left)
+        assert tagged["settings"] == {"schedule": "stlr", "discriminative_lr": 2.6, "gradual_unfreezing": True,
+                                      "adapters": 0, "layer_groups": 4}  # embeddings, 2 blocks, the head
+        moved[epochs] = {k for k, v in encoder.state_dict().items() if not torch.equal(before[k], v)}
+    assert not moved[1]  # the head alone
+    top = {k for k in before if k.startswith("blocks.1.")}
+    # (the pretraining heads, unused here, sit in the top group and only decay)
+    assert {k for k in moved[2] if not k.startswith("head.")} == top, sorted(moved[2] ^ top)
+
+    encoder, pad_left = _encoder("bert", tok)
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    args = FinetuneArgs(**base, epochs=2, adapters=8)
+    tagged = token_tasks.train_tokens(encoder, tok, train, valid, args, pad_id=pad, pad_left=pad_left,
+                                      adapter_sites=family("bert").adapter_sites)
+    after = encoder.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(".ln" in k or k.startswith("ln") for k in moved), sorted(moved)  # norms only
+    assert [h["train_loss"] for h in tagged["history"]][-1] < tagged["history"][0]["train_loss"]
+
+
 @pytest.mark.slow
 def test_glm_finetune_extracts_wordnet_answers_from_a_pretrained_bert(corpus, tmp_path):
     from tests.test_train_encoders import QUICK, experiment

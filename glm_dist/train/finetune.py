@@ -148,7 +148,7 @@ def finetune(args: FinetuneArgs) -> dict:
     if args.task in ("span", "tokens"):  # BERT's token-level heads, any encoder (transfer/token_tasks.py)
         from glm_dist.transfer.token_tasks import finetune_token_level
 
-        return finetune_token_level(args, encoder, meta, pad_left=spec.pad_left)
+        return finetune_token_level(args, encoder, meta, pad_left=spec.pad_left, adapter_sites=spec.adapter_sites)
     if spec.finetune_with:  # the family's own recipe (GPT's: glm_dist/transfer)
         return resolve(spec.finetune_with)(args, encoder, meta)
     tok = checkpoint_tokenizer(args.checkpoint)

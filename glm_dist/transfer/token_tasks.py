@@ -11,6 +11,7 @@ token classification (``--task tokens``), from any encoder family and XLNet.
   first sub-token carries its label (BERT's NER recipe), scored by word accuracy.
 
 XLNet's inputs are padded on the left (its <cls> ends the sequence), the others' on the right.
+Both take ``glm finetune``'s tricks (glm_dist/transfer/tricks.py), the head as the top layer group.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from glm_dist.eval.squad import squad_scores
 from glm_dist.models.heads import SpanExtractor, TokenClassifier
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.optim import build_optimizer
+from glm_dist.transfer.tricks import Tricks
 
 MAX_ANSWER_TOKENS = 30
 IGNORE = -100
@@ -116,26 +118,32 @@ def token_data(rows: list[dict], tok: Tokenizer, f: dict, tags: dict[str, int], 
     return {**data, "labels": labels}
 
 
-def fit(model: torch.nn.Module, data: dict, loss_of: Callable, args, score: Callable[[], dict]) -> list[dict]:
-    """AdamW on the DeepSpeed engine, linear warmup over 10% of the steps then linear decay (BERT's
-    recipe); each epoch's mean training loss and ``score()``."""
-    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}",
-                             "train.weight_decay=0.01", "parallel.zero_stage=0", "train.precision=fp32"])
-    engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
+def fit(model: torch.nn.Module, head: torch.nn.Module, data: dict, loss_of: Callable, args, score: Callable[[], dict],
+        *, adapter_sites: tuple[str, ...]) -> tuple[list[dict], dict]:
+    """AdamW on the DeepSpeed engine with ``glm finetune``'s tricks (glm_dist/transfer/tricks.py): by
+    default BERT's recipe, linear warmup over --warmup of the steps then linear decay; or slanted
+    triangular rates, discriminative rates per layer group, gradual unfreezing, adapters. Returns each
+    epoch's mean training loss and ``score()``, and the tricks' settings."""
     n = len(data["input_ids"])
     if n < args.batch_size:
         from glm_dist.train.finetune import FinetuneError
 
         raise FinetuneError(f"--task {args.task}: {n} training rows are fewer than --batch-size {args.batch_size}")
-    steps, warm = args.epochs * (n // args.batch_size), max(1, args.epochs * (n // args.batch_size) // 10)
+    tricks = Tricks.from_args(args)
+    groups = tricks.prepare(model, model.encoder, head, adapter_sites=adapter_sites, weight_decay=0.01)
+    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}",
+                             "train.weight_decay=0.01", "parallel.zero_stage=0", "train.precision=fp32"])
+    engine = build_engine(model, build_optimizer(model, cfg.train, groups), cfg, dp_size=1)
+    steps = args.epochs * (n // args.batch_size)
     g, step, history = torch.Generator().manual_seed(args.seed), 0, []
     model.train()  # a loaded checkpoint's model comes in eval mode: dropout on from the first step
     for epoch in range(args.epochs):
+        tricks.start_epoch(epoch)
         order, total = torch.randperm(n, generator=g), 0.0
         for i in range(0, n - args.batch_size + 1, args.batch_size):
             part = {k: v[order[i:i + args.batch_size]].to(engine.device) for k, v in data.items()
                     if isinstance(v, torch.Tensor)}
-            set_lr(engine, args.lr * min((step + 1) / warm, max(0.0, (steps - step) / max(1, steps - warm))))
+            set_lr(engine, tricks.lr(step, steps, args.lr))
             loss = loss_of(engine, part)
             engine.backward(loss)
             engine.step()
@@ -143,7 +151,7 @@ def fit(model: torch.nn.Module, data: dict, loss_of: Callable, args, score: Call
         model.eval()
         history.append({"epoch": epoch + 1, "train_loss": total / (n // args.batch_size), **score()})
         model.train()
-    return history
+    return history, tricks.describe()
 
 
 def _inputs(part: dict) -> dict:
@@ -161,7 +169,7 @@ def predict_spans(model: SpanExtractor, data: dict, batch_size: int) -> list[str
 
 
 def train_span(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict], args, *,
-               pad_id: int, pad_left: bool) -> dict:
+               pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
     f = fields(args)
     train, valid = (span_data(rows, tok, f, max_len=args.max_len, pad_id=pad_id, left=pad_left)
                     for rows in (train_rows, valid_rows))
@@ -178,14 +186,14 @@ def train_span(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict],
         predictions = predict_spans(model, valid, args.batch_size)
         return {f"valid_{k}": v for k, v in squad_scores(predictions, valid["golds"]).items()}
 
-    history = fit(model, train, loss_of, args, score)
+    history, settings = fit(model, model.start_end, train, loss_of, args, score, adapter_sites=adapter_sites)
     first_word = [t.split()[0] if t.split() else "" for t in valid["texts"]]
     longest = [max(t.split(), key=len) if t.split() else "" for t in valid["texts"]]
     baselines = {f"{name}: {k}": v for name, guess in (("first word", first_word), ("longest word", longest))
                  for k, v in squad_scores(guess, valid["golds"]).items()}
     return {"task": "span", "train_examples": int(keep.sum()), "train_answers_cut_off": int((~keep).sum()),
             "valid_examples": len(valid_rows), **history[-1], "baselines": baselines, "history": history,
-            "model": model}
+            "settings": settings, "model": model}
 
 
 @torch.no_grad()
@@ -201,7 +209,7 @@ def token_accuracy(model: TokenClassifier, data: dict, batch_size: int) -> float
 
 
 def train_tokens(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict], args, *,
-                 pad_id: int, pad_left: bool) -> dict:
+                 pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
     f = fields(args)
     counts = Counter(str(t) for r in train_rows for t in r[f["label_field"]] if t is not None)
     tags = {t: i for i, t in enumerate(sorted(counts))}
@@ -213,20 +221,22 @@ def train_tokens(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict
         return F.cross_entropy(engine(**_inputs(part)).float().flatten(0, 1), part["labels"].flatten(),
                                ignore_index=IGNORE)
 
-    history = fit(model, train, loss_of, args,
-                  lambda: {"valid_accuracy": token_accuracy(model, valid, args.batch_size)})
+    history, settings = fit(model, model.classifier, train, loss_of, args,
+                            lambda: {"valid_accuracy": token_accuracy(model, valid, args.batch_size)},
+                            adapter_sites=adapter_sites)
     majority = tags[counts.most_common(1)[0][0]]
     scored = valid["labels"] != IGNORE
     return {"task": "tokens", "tags": list(tags), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
             "valid_words": int(scored.sum()), **history[-1],
             "majority_baseline": float((valid["labels"][scored] == majority).float().mean()),
-            "history": history, "model": model}
+            "history": history, "settings": settings, "model": model}
 
 
 TRAINERS = {"span": train_span, "tokens": train_tokens}
 
 
-def finetune_token_level(args, encoder: torch.nn.Module, meta: dict, *, pad_left: bool) -> dict:
+def finetune_token_level(args, encoder: torch.nn.Module, meta: dict, *, pad_left: bool,
+                         adapter_sites: tuple[str, ...] = ()) -> dict:
     """``glm finetune --task span|tokens`` on a loaded encoder (the train/finetune.py driver's rows)."""
     from glm_dist.train.finetune import read_manifest_ids, read_rows, split_rows, write_output
 
@@ -235,7 +245,7 @@ def finetune_token_level(args, encoder: torch.nn.Module, meta: dict, *, pad_left
     train_rows, valid_rows = (rows, read_rows(args.valid)) if args.valid else split_rows(rows, args.valid_per_mille)
     _check_rows(train_rows + valid_rows, fields(args), args)
     result = TRAINERS[args.task](encoder, tok, train_rows, valid_rows, args, pad_id=read_manifest_ids(tok, meta)["pad"],
-                                 pad_left=pad_left)
+                                 pad_left=pad_left, adapter_sites=adapter_sites)
     model = result.pop("model")
     result = {"checkpoint": args.checkpoint, **result}
     if args.out:
