@@ -106,6 +106,21 @@ class Store:
         except FileNotFoundError:
             return []
 
+    def remove_orphans(self) -> list[str]:
+        """Delete the ``NAME.tmp.PID`` files that killed writers left (local stores only: an object
+        store never shows an unfinished upload). Only when no task of the run is writing: just
+        before its manifest. Returns the keys removed."""
+        if not self.local:
+            return []
+        removed = []
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                stem, dot, pid = name.rpartition(".")
+                if dot and pid.isdigit() and stem.endswith(".tmp"):
+                    os.unlink(os.path.join(folder, name))
+                    removed.append(os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/"))
+        return sorted(removed)
+
     def read_bytes(self, key: str, max_bytes: int) -> bytes:
         """A whole object, refused past ``max_bytes`` (a marker, an index, a per-file list)."""
         with self.open(key) as f:

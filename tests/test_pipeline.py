@@ -399,9 +399,13 @@ def test_a_run_killed_midway_and_rerun_gives_byte_identical_output(sample_run, t
     proc.wait()
     done = sorted(p.name for p in (out / "work/markers/filter").glob("*.json"))
     assert "00003.json" not in done and not (out / "stats.json").exists()
+    # What a writer killed mid-file leaves beside whatever this kill left: NAME.tmp.PID, never committed.
+    (out / "documents").mkdir(exist_ok=True)
+    (out / "documents/00003.jsonl.gz.tmp.4242").write_bytes(b"\x1f\x8b half a file")
     rerun = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert run_files(out) == run_files(reference)
+    assert not [p for p in out.rglob("*") if ".tmp." in p.name]  # the orphans removed before the manifest
     # A finished run is not redone, and a different recipe in the same output is refused.
     again = subprocess.run(cmd[:-1] + ["url.blocklist=[]"], cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert again.returncode == 2 and "holds a run with other inputs or settings" in again.stderr

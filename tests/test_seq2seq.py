@@ -155,12 +155,13 @@ def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, tmp_path):
     run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
     out = run_glm(["finetune", "--task", "seq2seq", "--prefix", "module: ", "--checkpoint",
                    str(tmp_path / "pre/checkpoints/step_00000060"), "--train", str(tmp_path / "task.jsonl"),
-                   "--epochs", "8", "--lr", "1e-3"])
+                   "--epochs", "12", "--lr", "1e-3"])
     result = json.loads(out.stdout[out.stdout.index("{"):])
-    # The fine-tuned model answers in the task's output space, as generated text, at least as well as
-    # the majority class (this 60-step pretraining is too short for more; see the README's figure).
+    # The fine-tuned model answers in the task's output space, as generated text, better than the
+    # majority class (six pretraining seeds: 0.55 to 0.71 against 0.48 after 12 epochs; 8 epochs were
+    # too few, one seed stayed on the majority answer and CI's run ended below it; see the README).
     assert result["history"][0]["valid_exact_match"] <= result["valid_exact_match"]
-    assert result["valid_exact_match"] >= result["majority_baseline"], result
+    assert result["valid_exact_match"] > result["majority_baseline"], result
     # most generated answers are one of the task's labels (a 60-step model still misspells some)
     assert result["valid_in_output_space"] >= 0.5, result
     # beside exact match: token F1, ROUGE-L and BLEU of the same generations

@@ -304,12 +304,15 @@ def test_tokenizing_killed_mid_shard_write_reruns_byte_identical(corpus, tmp_pat
                              f"data.shards_dir={killed}"], cwd=ROOT, env=clean_env(2),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert _wait_for(lambda: (killed / ".tasks/00000.json").exists(), 180)
-        proc.kill()  # mid-way through the next task's shards
+        # Killed while a later task's shard is half written: its NAME.tmp.PID file is on disk.
+        assert _wait_for(lambda: (killed / ".tasks/00000.json").exists()
+                         and any(killed.glob("*-0000[1-3]-*.tar.tmp.*")), 180)
+        proc.kill()
         proc.wait(timeout=60)
     finally:
         proc.kill()
     assert not (killed / "manifest.json").exists()
+    assert any(killed.glob("*.tmp.*"))
     run_glm(["data", "tokenize", *cfg, f"data.shards_dir={killed}"])
     assert tree_digest(killed) == tree_digest(tmp_path / "straight")
 
