@@ -24,6 +24,7 @@ def write_output_manifest(store: Store, *, recipe: str, shards: list[str], count
     manifest = {"format": FORMAT, "recipe": recipe, "documents": sum(counts),
                 "shards": [{"path": s, "documents": n} for s, n in zip(shards, counts)],
                 "stats": "stats.json", "card": "README.md"}
+    store.remove_orphans()  # a killed attempt's half-written files, never in the manifest
     store.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
 
 

@@ -108,8 +108,8 @@ class Store:
 
     def remove_orphans(self) -> list[str]:
         """Delete the ``NAME.tmp.PID`` files that killed writers left (local stores only: an object
-        store never shows an unfinished upload). Only when no task of the run is writing: just
-        before its manifest. Returns the keys removed."""
+        store never shows an unfinished upload). Only when no task of the run is writing: the
+        manifest writers call it just before the manifest. Returns the keys removed."""
         if not self.local:
             return []
         removed = []

@@ -72,6 +72,5 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
     counts = [c for m in writes for c in m["counts"]]
     write_card(pipe.store, pipe.recipe, merged, _dedup(pipe), _contamination(pipe), shards, pipe.inputs,
                pipe.benchmarks)
-    orphans = pipe.store.remove_orphans()  # a killed attempt's half-written files, never in the manifest
     write_output_manifest(pipe.store, recipe=pipe.recipe.name, shards=shards, counts=counts)
-    return {"shards": len(shards), "documents": sum(counts), "orphans_removed": len(orphans)}
+    return {"shards": len(shards), "documents": sum(counts)}

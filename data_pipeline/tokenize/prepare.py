@@ -243,7 +243,6 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
     marker = f"{root}/.tasks/{task:05d}.json"
     if fs.exists(marker):
         return json.loads(fs.read_text(marker))
-    _clear_attempt(fs, root, task)
     tok = Tokenizer.from_str(fs.read_text(f"{root}/tokenizer.json"))
     dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
     writers = {s: ShardSetWriter(spec.out_dir, s, spec.shard_max_bytes, prefix=f"{s}-{task:05d}")
@@ -269,15 +268,6 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
     result = {"task": task, "file": files[task], "documents": documents, "skipped": dict(skipped), "shards": shards}
     write_bytes(fs.unstrip_protocol(marker), json.dumps(result).encode())
     return result
-
-
-def _clear_attempt(fs, root: str, task: int) -> None:
-    """Remove what an earlier, unfinished attempt at ``task`` left: a task without its marker owns its
-    file prefix, so its committed shards and a killed writer's ``NAME.tmp.PID`` files are all stale
-    (on an object store an unfinished upload never appears, so only committed objects are found)."""
-    for split in ("train", "validation"):
-        for path in fs.glob(f"{root}/{split}-{task:05d}-*"):
-            fs.rm(path)
 
 
 def _batches(docs: Iterator[dict], size: int, skipped: Counter) -> Iterator[list[dict]]:

@@ -194,4 +194,6 @@ def write_bytes(url: str, data: bytes) -> None:
 
 
 def write_manifest(root: str, manifest: dict) -> None:
+    """The shard set's manifest, written last; what killed writers left goes first (``storage``)."""
+    Store(root).remove_orphans()
     write_bytes(f"{root}/manifest.json", json.dumps(manifest, indent=2).encode())
