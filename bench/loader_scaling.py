@@ -1,4 +1,4 @@
-"""Loader scaling (ARCHITECTURE.md decision 12): what one data-parallel rank reads and how fast.
+"""Loader scaling (docs/architecture.md, decision 12): what one data-parallel rank reads and how fast.
 
 - bytes read and tokens/s per rank at DP = 1, 2, 4, 8, 64 (simulated ranks: this process computes
   rank r's reads), beside what every rank read before (every shard, whole);

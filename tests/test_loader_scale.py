@@ -1,4 +1,4 @@
-"""Data at cluster scale (ARCHITECTURE.md decision 12): shard index files, the global sample index,
+"""Data at cluster scale (docs/architecture.md, decision 12): shard index files, the global sample index,
 byte-range reads of only a rank's own documents, and the determinism contract that survives them."""
 from __future__ import annotations
 

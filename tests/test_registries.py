@@ -1,4 +1,4 @@
-"""One row per family and per objective (ARCHITECTURE.md decision 10): no other module of the
+"""One row per family and per objective (docs/architecture.md, decision 10): no other module of the
 library tests a family's or an objective's name, and every row is complete."""
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ def test_seq2seq_published_sizes_match_their_counts_and_transformers(name):
 
 
 def test_t5_v1_1_flavors_are_untied_gated_and_sized_like_the_release():
-    cfg = published_flavors("t5")  # v1.1 flavors have no published count in REFERENCE.md
+    cfg = published_flavors("t5")  # v1.1 flavors have no published count in docs/reference.md#model-sizes
     from glm_dist.models.t5 import FLAVORS, T5
 
     small = FLAVORS["t5-v1_1-small"].cfg

@@ -4,7 +4,7 @@ any fsspec URL. Every reader yields :class:`Document` s and reports a bad record
 number) and the reason, then goes on with the next record (or, for a truncated file, stops that
 file after everything readable).
 
-Every read is bounded before it is buffered (ARCHITECTURE.md, decision 11): a line or record is
+Every read is bounded before it is buffered (docs/architecture.md, decision 11): a line or record is
 read with a cap (``reader.max_record_mb``) and the rest of an over-long one is dropped in pieces;
 a compressed stream that inflates beyond ``reader.max_decompression_ratio`` times the bytes read is
 cut there; http(s) inputs have timeouts and bounded retries (``data_pipeline.remote``)."""

@@ -1,7 +1,7 @@
 """Tokenized-document shards in webdataset's tar format, their index files, and the ``manifest.json``
 that lists them.
 
-A shard holds whole documents (ARCHITECTURE.md decision 5): packing happens at load time. Each
+A shard holds whole documents (docs/architecture.md, decision 5): packing happens at load time. Each
 sample is ``{__key__, tokens.npy, sentences.npy, json}``. Beside each shard ``NAME.tar`` an index
 ``NAME.idx.json`` records, per document, its token count, its sentence lengths and the byte offset
 and size of each of its members in the tar, so a loader reads any token range of any document with

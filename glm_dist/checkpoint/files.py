@@ -1,4 +1,4 @@
-"""Checkpoint files are data, never code (ARCHITECTURE.md decision 11).
+"""Checkpoint files are data, never code (docs/architecture.md, decision 11).
 
 - Tensors are safetensors files (``checkpoint/tensorfile.py``): a JSON header and raw bytes, read
   by offset; nothing is unpickled. Where a ``.pt`` file is still read (``load_tensors``: DeepSpeed's

@@ -1,4 +1,4 @@
-"""Shard index files and the document table of a split (ARCHITECTURE.md decision 12).
+"""Shard index files and the document table of a split (docs/architecture.md, decision 12).
 
 Beside each shard ``NAME.tar`` its index ``NAME.idx.json`` (data_pipeline/writers/shards.py)
 records every document's token count, sentence lengths and the byte offset and size of its

@@ -1,4 +1,4 @@
-"""The global sample index (ARCHITECTURE.md decision 12): which document pieces sample g packs,
+"""The global sample index (docs/architecture.md, decision 12): which document pieces sample g packs,
 computed from the document table alone -- no shard is read to plan.
 
 Each objective keeps its one unit rule, its builder (objectives/*.py). To plan, the builder runs

@@ -224,7 +224,7 @@ def _bert(n_layer, d, heads, **kw) -> EncoderConfig:
 ROBERTA = dict(vocab_size=50265, type_vocab_size=1, position_offset=2, pad_id=1, layer_norm_eps=1e-5, head="mlm")
 ALBERT = dict(vocab_size=30000, embedding_size=128, share="all", activation="gelu_new", head="mlm_sop")
 ELECTRA = dict(head="rtd", generator_fraction=1 / 3)
-# Published counts (REFERENCE.md). BERT's and ELECTRA's figures are rounded (BERT-base is 109.5M
+# Published counts (docs/reference.md#model-sizes). BERT's and ELECTRA's figures are rounded (BERT-base is 109.5M
 # plus its heads); the rows say which count they are.
 FLAVORS: dict[str, Flavor] = {
     "bert-tiny": Flavor(_bert(2, 128, 2, vocab_size=8192, context_length=256)),

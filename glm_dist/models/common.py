@@ -1,4 +1,4 @@
-"""Building blocks shared by the model families. No distribution code here (ARCHITECTURE.md, 2)."""
+"""Building blocks shared by the model families. No distribution code here (docs/architecture.md, decision 2)."""
 from __future__ import annotations
 
 import contextlib
@@ -170,7 +170,7 @@ class ShardPlan:
 
 @dataclass(frozen=True)
 class Flavor:
-    """A named size: its config, the published parameter count as REFERENCE.md prints it (0 for
+    """A named size: its config, the published parameter count as docs/reference.md#model-sizes lists it (0 for
     test flavors), the relative tolerance of the count check, and why the tolerance is what it is."""
 
     cfg: Any

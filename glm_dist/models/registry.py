@@ -1,4 +1,4 @@
-"""The model families: one row per family (ARCHITECTURE.md decision 10).
+"""The model families: one row per family (docs/architecture.md, decision 10).
 
 A row says everything the rest of the library asks about a family -- its flavors and config
 factory, the model class, the objectives it trains, how many transformer stacks it has (for the

@@ -1,4 +1,4 @@
-"""What every objective is: one object per file under ``objectives/`` (ARCHITECTURE.md decision 10).
+"""What every objective is: one object per file under ``objectives/`` (docs/architecture.md, decision 10).
 
 An objective turns the document stream into units (``builder``: stateful, deterministic, run by
 every rank over the global order), a unit into a sample (``sample``: noised with an RNG keyed by

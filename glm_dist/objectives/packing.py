@@ -1,4 +1,4 @@
-"""Packing documents into training units, at load time (ARCHITECTURE.md decision 5).
+"""Packing documents into training units, at load time (docs/architecture.md, decision 5).
 
 ``SentencePacker`` is RoBERTa's FULL-SENTENCES: whole sentences, contiguous across document
 boundaries (a separator token between documents), up to ``capacity`` tokens per unit; a sentence

@@ -1,4 +1,4 @@
-"""The objectives by name: one row per objective (ARCHITECTURE.md decision 10).
+"""The objectives by name: one row per objective (docs/architecture.md, decision 10).
 
 Each row is the object its own file defines (``objectives/<name>.py``); nothing else in the
 library tests an objective's name. Also here: the options every objective reads (the config's

@@ -1,4 +1,4 @@
-"""Every collective of the project goes through here (ARCHITECTURE.md decision 13).
+"""Every collective of the project goes through here (docs/architecture.md, decision 13).
 
 A process group's backend decides where a collective's tensors must live: NCCL takes tensors on
 the current CUDA device, gloo takes CPU tensors, a mixed ``cpu:gloo,cuda:nccl`` group takes

@@ -1,4 +1,4 @@
-"""The one place DeepSpeed is applied to a model (ARCHITECTURE.md decision 1)."""
+"""The one place DeepSpeed is applied to a model (docs/architecture.md, decision 1)."""
 from __future__ import annotations
 
 import torch

@@ -12,7 +12,7 @@ The model is built whole (from the run's seed, like every other layout) and then
 each rank keeps its slice of the same weights, so a TP run starts where a one-process run starts
 and follows its loss. Which modules split how is data each family declares in its registry row
 (``tensor_plans``: module class -> ``ShardPlan`` of attribute paths, next to the classes in
-``models/<family>.py``); the model code stays free of distribution code (ARCHITECTURE.md decision 2).
+``models/<family>.py``); the model code stays free of distribution code (docs/architecture.md, decision 2).
 Encoder-decoders (T5, BART) split both stacks and their cross-attention the same way: the encoder's
 output is replicated on the tensor ranks and enters each rank's key/value columns as a column-parallel
 input; T5's relative-position bias table (one column per head) is split with the heads.

@@ -1,4 +1,4 @@
-"""The named axes of a run: data x pipeline x tensor parallelism (ARCHITECTURE.md decision 2).
+"""The named axes of a run: data x pipeline x tensor parallelism (docs/architecture.md, decision 2).
 
 One object holds the three sizes, checks that their product is the world size and that the model
 can be split that way, and maps a global rank to its coordinates. Rank order is DeepSpeed's

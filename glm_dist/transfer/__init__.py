@@ -1,4 +1,4 @@
-"""Downstream use of pretrained models (ARCHITECTURE.md), one module per job beside the heads.
+"""Downstream use of pretrained models (docs/architecture.md#map-of-the-code), one module per job beside the heads.
 
 GPT's fine-tuning recipe: task input transformations (``inputs``), the last-token classifier with
 the LM loss as auxiliary objective (``heads``), its training loop (``finetune``) and named option
