@@ -13,8 +13,13 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1, cuda: bool | None = None)
         import torch  # is_available() does not create a CUDA context
 
         cuda = torch.cuda.is_available()
-    zero: dict = {"stage": p.zero_stage}
-    if p.zero_stage >= 1:
+    # bf16 at ZeRO-0 runs as ZeRO-1, DeepSpeed's BF16_Optimizer (flat fp32 masters and moments,
+    # split over the data-parallel ranks; the same as ZeRO-0 on one rank). DeepSpeed's only ZeRO-0
+    # bf16 wrapper of a torch optimizer, FP16_UnfusedOptimizer, reads an overflow flag per tensor (a
+    # host sync each), keeps a fp32 copy per tensor and takes a zero-gradient step when it is built.
+    stage = 1 if t.precision == "bf16" and p.zero_stage == 0 else p.zero_stage
+    zero: dict = {"stage": stage}
+    if stage >= 1:
         # ZeRO-2/3 reduce-scatter each gradient bucket on a side stream while the backward goes on
         # (two bucket buffers instead of one). ZeRO-1 keeps it off: bf16 + ZeRO-1 runs BF16_Optimizer,
         # which does not use it, and fp32 + ZeRO-1 with it is untested here.
@@ -26,11 +31,10 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1, cuda: bool | None = None)
     if p.offload_params:  # ZeRO-Infinity (stage 3): the parameter partitions on the CPU as well
         zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
     extra = {}
-    if t.precision == "bf16" and p.zero_stage == 1:
+    if t.precision == "bf16" and stage == 1:
         # Accumulate micro-batch gradients in fp32 (DeepSpeed's BF16_Optimizer, which shards the
         # optimizer states like ZeRO-1): bf16 accumulation loses low bits over many micro batches,
-        # and pipelines run many. (ZeRO-0 + bf16 accumulates in bf16 -- DeepSpeed has no fp32 mode
-        # for it; ZeRO-2/3 accumulate into their fp32 partitions.)
+        # and pipelines run many. (ZeRO-2/3 accumulate into their fp32 partitions.)
         extra["data_types"] = {"grad_accum_dtype": "fp32"}
     return {
         **extra,

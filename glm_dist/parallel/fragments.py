@@ -8,8 +8,9 @@ moments live on this rank, with views onto them (no copy, no collective):
 - ZeRO-1/2 and BF16_Optimizer: the parameter's part of this rank's flat fp32 partition
   (``p._hp_mapping``: ``lp_fragment_address``, ``get_hp_fragment(key)``);
 - ZeRO-3: its local partition (``ds_tensor``'s share of ``ds_numel``, padding cut off);
-- ZeRO-0 (fp32: the parameter itself; bf16: DeepSpeed's FP16_Optimizer flat fp32 copy): the whole
-  TP-local tensor, the same on every data-parallel rank.
+- ZeRO-0 in fp32 (a plain torch optimizer): the parameter itself and its per-parameter state, the
+  whole TP-local tensor, the same on every data-parallel rank (bf16 at ZeRO-0 runs BF16_Optimizer,
+  ``config/deepspeed_json.py``).
 
 ``Piece.write`` is the part of the fragment this rank writes: identical copies (data-parallel
 ranks under ZeRO-0, tensor ranks of a parameter that is not split, a pipeline's tied copies on
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 WRAPPERS = {"fp32_partitioned_groups_flat": "zero3", "single_partition_of_fp32_groups": "zero12",
-            "bf16_groups": "bf16", "fp32_groups_flat": "fp16"}
+            "bf16_groups": "bf16"}
 
 
 class Naming:
@@ -83,9 +84,14 @@ class Piece:
 
 
 def holder(engine) -> str:
-    """Who keeps the fp32 masters: 'zero3', 'zero12', 'bf16', 'fp16' (DeepSpeed's ZeRO-0 bf16) or
-    'plain' (the parameters themselves, a torch optimizer's state per parameter)."""
-    return next((kind for attr, kind in WRAPPERS.items() if hasattr(engine.optimizer, attr)), "plain")
+    """Who keeps the fp32 masters: 'zero3', 'zero12', 'bf16' or 'plain' (the parameters
+    themselves, a torch optimizer's state per parameter). Any other DeepSpeed wrapper is refused:
+    read as 'plain', its 16-bit weights would be saved as the masters and its moments not at all."""
+    kind = next((kind for attr, kind in WRAPPERS.items() if hasattr(engine.optimizer, attr)), "plain")
+    if kind == "plain" and base_optimizer(engine) is not engine.optimizer:
+        raise TypeError(f"DeepSpeed chose {type(engine.optimizer).__name__}, whose fp32 masters and moments "
+                        f"no checkpoint here reads or writes (config/deepspeed_json.py picks the optimizer)")
+    return kind
 
 
 def base_optimizer(engine):
@@ -97,7 +103,6 @@ def pieces(engine, naming: Naming, coords: dict, sizes: dict) -> list[Piece]:
     """Every local parameter's piece (tied copies too). ``coords``/``sizes``: this rank's data and
     tensor coordinates and the axes' sizes."""
     kind = holder(engine)
-    flat_views = _fp16_views(engine) if kind == "fp16" else {}
     moments = optimizer_step(engine)["moments"]
     out = []
     for key, name, p in naming.params(engine.module):
@@ -106,7 +111,7 @@ def pieces(engine, naming: Naming, coords: dict, sizes: dict) -> list[Piece]:
         # a vocabulary split need not divide: its parameters name their unsplit shape
         shape = getattr(p, "unsplit_shape", None) if tp else None
         shape = shape or tuple(d * tp[3] if tp and i == tp[0] else d for i, d in enumerate(local))
-        piece = _fragment(engine, kind, p, name, shape, tp, flat_views)
+        piece = _fragment(engine, kind, p, name, shape, tp)
         if piece is None:
             continue
         piece.write = _share(piece, naming.tied(key), coords, sizes, whole=piece.whole, total=math.prod(local))
@@ -124,7 +129,7 @@ def _tp(p: nn.Parameter, coords: dict, sizes: dict) -> tuple | None:
     return None
 
 
-def _fragment(engine, kind: str, p: nn.Parameter, name: str, shape, tp, flat_views) -> Piece | None:
+def _fragment(engine, kind: str, p: nn.Parameter, name: str, shape, tp) -> Piece | None:
     opt = engine.optimizer
     if kind == "zero3" and p.requires_grad:
         part = p.ds_tensor.ds_numel
@@ -139,9 +144,6 @@ def _fragment(engine, kind: str, p: nn.Parameter, name: str, shape, tp, flat_vie
         address = p._hp_mapping.lp_fragment_address
         return Piece(name, shape, tp, address.start, address.numel,
                      lambda k, m=p._hp_mapping: m.get_hp_fragment(None if k == "fp32" else k))
-    if kind == "fp16" and id(p) in flat_views:
-        views = flat_views[id(p)]
-        return Piece(name, shape, tp, 0, p.numel(), lambda k, v=views: v(k), whole=True)
     if kind in ("zero12", "bf16") and hasattr(p, "_hp_mapping"):
         return None  # its fp32 master lives on other data-parallel ranks
     base = base_optimizer(engine)
@@ -151,19 +153,6 @@ def _fragment(engine, kind: str, p: nn.Parameter, name: str, shape, tp, flat_vie
     extra = {k: v for k, v in base.state.get(p, {}).items()
              if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape}
     return Piece(name, shape, tp, 0, p.numel(), plain, whole=True, extra=extra)
-
-
-def _fp16_views(engine) -> dict[int, Callable[[str], torch.Tensor]]:
-    """DeepSpeed's FP16_Optimizer (bf16 at ZeRO-0): each parameter's part of its group's flat fp32
-    master and moments."""
-    opt, base, out = engine.optimizer, base_optimizer(engine), {}
-    for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat):
-        offset = 0
-        for p in group:
-            out[id(p)] = (lambda k, flat=flat, o=offset, n=p.numel():
-                          (flat if k == "fp32" else base.state[flat][k]).narrow(0, o, n))
-            offset += p.numel()
-    return out
 
 
 def _share(piece: Piece, tied: tuple[int, int], coords: dict, sizes: dict, *, whole: bool,
@@ -248,6 +237,3 @@ def refresh_weights(engine) -> None:
         for group in range(len(opt.fp16_groups)):
             opt._reassign_or_swap_out_partitioned_parameters(group)
         opt.checkpoint_event_epilogue()
-    elif kind == "fp16":
-        for lp, master in zip(opt.fp16_groups_flat, opt.fp32_groups_flat):
-            lp.data.copy_(master.data)
