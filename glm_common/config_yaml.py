@@ -17,11 +17,51 @@ import yaml
 from glm_common.errors import GlmError
 
 CLI = "<command line>"
-MAX_CONFIG_BYTES = 4 * 2**20
+MAX_CONFIG_BYTES = 2**20  # a config and all its bases together; ours are under 4 KiB each
+MAX_CONFIG_FILES = 64  # files merged for one config (a base listed twice counts twice)
+MAX_DEPTH = 32  # nested sections and lists; ours go 3 deep
 
 
 class ConfigError(GlmError, ValueError):
     """A config that cannot be used; the message names the key, its source and the fix."""
+
+
+class _Refused(Exception):
+    """YAML that is refused before it is built: what, and the line."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` without the two ways a few bytes of YAML cost gigabytes or the stack: aliases
+    (a "billion laughs" nests references to references; every consumer that walks the tree expands
+    them) and deep nesting (the composer and constructor recurse once per level). Both are refused
+    while composing, before the level below is read."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _Refused(f"line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name, <<: *name) "
+                           f"are not accepted in configs; write the values out, or share them through base:")
+        if self._depth == MAX_DEPTH:
+            raise _Refused(f"line {event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
+                           f"a config is sections of keys and short lists")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _parse_yaml(text: str) -> Any:
+    """The YAML document in ``text`` (``_Refused`` for aliases or deep nesting, ``yaml.YAMLError``)."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (),
@@ -31,7 +71,7 @@ def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if path is not None:
-        _merge_file(Path(path), tree, sources, chain=())
+        _merge_file(Path(path), tree, sources, chain=(), read={"files": 0, "bytes": 0})
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(tree, sources, key, value, CLI)
@@ -52,7 +92,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...]) -> None:
+def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...], read: dict[str, int]) -> None:
+    """Merge ``path`` and its bases into ``tree``; ``read`` counts the files and bytes of the whole chain."""
     path = path.resolve() if path.exists() else path
     if not path.exists():
         where = f" (base of {chain[-1]})" if chain else ""
@@ -62,23 +103,40 @@ def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...]) 
     if not path.is_file():
         raise ConfigError(f"config {path} is not a file (a directory?); pass a YAML file, e.g. "
                           f"configs/experiments/gpt2-tiny-cpu.yaml")
+    read["files"] += 1
+    if read["files"] > MAX_CONFIG_FILES:
+        raise ConfigError(f"config {chain[0]} merges more than {MAX_CONFIG_FILES} files through base: (at {path}); "
+                          f"list each base once")
     with path.open("rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a config file")
+        raw = f.read(MAX_CONFIG_BYTES - read["bytes"] + 1)
+    read["bytes"] += len(raw)
+    if read["bytes"] > MAX_CONFIG_BYTES:
+        whole = f"config {path}" if not chain else f"config {chain[0]} with its bases (at {path})"
+        raise ConfigError(f"{whole} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a config file")
     try:
-        data = yaml.safe_load(raw.decode("utf-8")) or {}
+        data = _parse_yaml(raw.decode("utf-8")) or {}
     except UnicodeDecodeError as err:
         raise ConfigError(f"config {path} is not UTF-8 text (byte {err.start}): not a YAML config file") from None
+    except _Refused as err:
+        raise ConfigError(f"{path}, {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {_one_line(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level, got {type(data).__name__}")
     bases = data.pop("base", None)
     for base in [bases] if isinstance(bases, str) else (bases or []):
-        _merge_file(path.parent / base, tree, sources, chain + (path,))
+        _merge_file(path.parent / base, tree, sources, chain + (path,), read)
     for key, value in _flatten(data):
         _set_dotted(tree, sources, key, value, str(path))
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    """PyYAML's reason and position on one line (its own message quotes the text over several)."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(err).split())
+    context = f" ({err.context})" if getattr(err, "context", None) else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}{context}"
 
 
 def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
@@ -97,7 +155,9 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=3e-4)")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = _parse_yaml(raw) if raw != "" else None
+    except _Refused as err:
+        raise ConfigError(f"override {key.strip()}=...: {err}") from None
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
