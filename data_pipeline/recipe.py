@@ -2,7 +2,7 @@
 
 Recipes are YAML files under ``configs/data/`` read with the same rules as training configs
 (``base:`` inheritance, strict keys, ``key=value`` overrides). The defaults are the published
-thresholds (../shared/REFERENCE.md); a rule whose threshold is set to ``null`` is disabled.
+thresholds (docs/reference.md#crawl-pipeline-thresholds); a rule whose threshold is set to ``null`` is disabled.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from data_pipeline.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, RETRIES
+from glm_common.config_bounds import check_bounds
 from glm_common.config_yaml import ConfigError, load_structured
 
 
@@ -177,6 +178,7 @@ STAGES = ("url", "extract", "language", "gopher_repetition", "gopher_quality", "
 
 def load_recipe(path: str | None, overrides: list[str] = ()) -> Recipe:
     recipe = load_structured(Recipe, path, overrides, lists=("input", "benchmarks"))
+    check_bounds(recipe)  # every number in range: glm_common/config_bounds.py
     unknown = [s for s in recipe.stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"stages: unknown stage(s) {unknown}; known: {list(STAGES)}")
@@ -186,8 +188,4 @@ def load_recipe(path: str | None, overrides: list[str] = ()) -> Recipe:
         raise ConfigError("output: no output directory given (set output=DIR)")
     if "classifier" in recipe.stages and not recipe.classifier.model:
         raise ConfigError("classifier.model: the classifier stage needs a model file (glm data train-classifier)")
-    if recipe.partitions < 0:
-        raise ConfigError(f"partitions: {recipe.partitions} must be >= 1 (or 0: one per input file, at most 256)")
-    if recipe.dedup.minhash and (recipe.dedup.bands < 1 or recipe.dedup.rows < 1):
-        raise ConfigError(f"dedup: bands ({recipe.dedup.bands}) and rows ({recipe.dedup.rows}) must be >= 1")
     return recipe

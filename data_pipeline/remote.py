@@ -1,7 +1,7 @@
 """Opening inputs by URL: which locations may be opened at all, and reads that end in bounded time.
 
 Every file the project reads (crawl inputs, ``data.source``, shards, manifests) is named by a path
-or an fsspec URL. Two rules hold for all of them (ARCHITECTURE.md, decision 11):
+or an fsspec URL. Two rules hold for all of them (docs/architecture.md, decision 11):
 
 - :func:`check_scheme`: a location is a path or a URL of an allowed storage protocol, never a
   command. webdataset's ``pipe:cmd`` runs ``cmd`` in a shell, and fsspec knows protocols that
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import re
 import socket
 import time
@@ -104,6 +105,9 @@ def open_url(url: str, mode: str = "rb", *, connect_timeout_s: float = CONNECT_T
     transient failures; then :class:`RemoteReadError`. A missing file raises ``FileNotFoundError``
     (HTTP 404 included). Use the result as a context manager or close it."""
     check_scheme(url, "url")
+    if not (retries >= 0 and all(0 < t < math.inf for t in (connect_timeout_s, read_timeout_s))):
+        raise ValueError(f"{url}: retries ({retries}) must be >= 0 and the timeouts ({connect_timeout_s}, "
+                         f"{read_timeout_s} s) finite and > 0 -- aiohttp reads 0 as no timeout at all")
     options = {**storage_options(url, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s), **kw}
     http = bool(_http_schemes(url))
     limits = f" (connect timeout {connect_timeout_s:g} s, read timeout {read_timeout_s:g} s)" if http else ""
@@ -141,7 +145,7 @@ def retrying(fn: Callable[[], T], url: str, *, retries: int = RETRIES, backoff_s
             reason, transient = failure
             if not transient:
                 raise RemoteReadError(f"{url}: {reason}") from None
-            if attempt == retries:
+            if attempt >= retries:
                 raise RemoteReadError(f"{url}: {reason}; gave up after {attempt + 1} attempt(s){limits}") from None
         wait = backoff_s * 2**attempt
         attempt += 1

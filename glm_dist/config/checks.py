@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from glm_common.config_bounds import TOKENS, check_bounds
 from glm_dist.config.loader import ConfigError, source_of
 from glm_dist.config.schema import Config
 from glm_dist.models.registry import FAMILIES, family, resolve_model_config
@@ -37,6 +38,9 @@ def seq_len(cfg: Config) -> int:
     return cfg.data.seq_len or model_config(cfg).context_length
 
 
+MAX_BATCH_TOKENS = TOKENS * 16  # a micro batch's token ids alone are 2 GiB (int64) at this size
+
+
 def check_launcher_agrees(cfg: Config, env: dict[str, str]) -> None:
     """Under ``accelerate launch`` with its DeepSpeed plugin, the plugin's settings must match the
     config tree (which generates the DeepSpeed JSON): two sources of truth that disagree is an error."""
@@ -56,51 +60,10 @@ def check_launcher_agrees(cfg: Config, env: dict[str, str]) -> None:
                               f"file and the glm config agree")
 
 
-def _at_least(low: float):
-    return (lambda v: v is None or v >= low), f">= {low:g}"
-
-
-def _above(low: float):
-    return (lambda v: v is None or v > low), f"> {low:g}"
-
-
-def _fraction(*, closed: bool = False):
-    def accepts(v) -> bool:
-        return v is None or (0 <= v <= 1 if closed else 0 <= v < 1)
-    return accepts, "in [0, 1]" if closed else "in [0, 1)"
-
-
-# key -> (accepts, what it must be): sizes and rates that no run can use, refused before anything starts
-RANGES = {
-    **{f"model.{k}": _at_least(1) for k in ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "context_length",
-                                            "sparse_window")},
-    "model.dropout": _fraction(), "model.mem_len": _at_least(0), "model.reuse_len": _at_least(0),
-    "data.seq_len": _at_least(2), "data.vocab_size": _at_least(2), "data.shard_max_bytes": _at_least(1024),
-    "data.max_record_mb": _above(0),
-    "data.val_per_mille": (lambda v: 0 <= v <= 1000, "in [0, 1000]"), "data.shuffle_window": _at_least(1),
-    "data.encode_workers": _at_least(0), "data.num_workers": _at_least(0),
-    **{f"objective.{k}": _above(0) for k in ("mask_rate", "noise_density", "mean_span", "poisson_lambda")},
-    **{f"objective.{k}": _fraction(closed=True) for k in ("mask_frac", "random_frac", "mask_ratio", "random_ratio")},
-    "objective.max_ngram": _at_least(1),
-    "train.lr": _above(0), "train.warmup_steps": _at_least(0), "train.weight_decay": _at_least(0),
-    "train.beta1": _fraction(), "train.beta2": _fraction(), "train.eps": _above(0), "train.grad_clip": _at_least(0),
-    "train.eval_interval": _at_least(0), "train.eval_batches": _at_least(1), "train.save_interval": _at_least(0),
-    "train.keep_last": _at_least(0), "train.keep_every": _at_least(0), "train.stop_at_step": _at_least(1),
-    "train.max_skipped_steps": _at_least(0), "train.adagrad_initial_accumulator": _at_least(0), "parallel.pipeline_stages": _at_least(1),
-    "parallel.tensor_parallel": _at_least(1), "parallel.gpus_per_node": _at_least(1),
-    "parallel.collective_timeout_s": _above(0), "logging.log_interval": _at_least(1),
-    "eval.tasks_every": _at_least(0), "eval.limit": _above(0), "eval.batch_size": _at_least(1),
-    "eval.timeout_s": _above(0), "eval.num_fewshot": _at_least(0),
-}
-
-
 def check_ranges(cfg: Config) -> None:
-    """Every size, count and rate within what a run can use (``model.n_head=0``, ``data.seq_len=-1``)."""
-    for key, (accepts, what) in RANGES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if not accepts(value):
-            raise ConfigError(f"{key}={value} must be {what} ({source_of(cfg, key)})")
+    """Every number within what a run can use (``model.n_head=0``, ``train.lr=inf``; the one table of
+    ``glm_common/config_bounds.py``) and the W&B tags within W&B's limits."""
+    check_bounds(cfg)
     for tag in cfg.logging.tags:  # W&B's limit, refused here rather than by wandb.init mid-start
         if not isinstance(tag, str) or not 1 <= len(tag) <= 64:
             raise ConfigError(f"logging.tags: {str(tag)[:80]!r} must be a string of 1 to 64 characters "
@@ -174,9 +137,11 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}): {refusal}")
     check_segment_layout(cfg, mc)
     t = cfg.train
-    for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
-        if getattr(t, key) < 1:
-            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 1 ({where('train.' + key)})")
+    if t.micro_batch_size * seq_len(cfg) > MAX_BATCH_TOKENS:
+        raise ConfigError(f"train.micro_batch_size={t.micro_batch_size} x data.seq_len={seq_len(cfg)} is "
+                          f"{t.micro_batch_size * seq_len(cfg)} tokens per micro batch, more than any device holds "
+                          f"(at most {MAX_BATCH_TOKENS}); lower train.micro_batch_size and raise "
+                          f"train.grad_accum_steps ({where('train.micro_batch_size')}, {where('data.seq_len')})")
     check_parallel_layout(cfg, world_size)
     dp = world_size // (cfg.parallel.pipeline_stages * cfg.parallel.tensor_parallel)
     actual = t.micro_batch_size * t.grad_accum_steps * dp
@@ -189,16 +154,12 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if t.warmup_steps > t.max_steps and t.schedule != "inverse_sqrt":
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} > train.max_steps={t.max_steps} "
                           f"({where('train.warmup_steps')})")
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1] ({where('train.min_lr_ratio')})")
     p = cfg.parallel
     if t.optimizer in ("lamb", "adafactor") and (p.zero_stage > 0 or t.precision == "bf16"):
         raise ConfigError(f"train.optimizer={t.optimizer} needs parallel.zero_stage=0 and train.precision fp32 or bf16-autocast "
                           f"(got ZeRO-{p.zero_stage}, {t.precision}): ZeRO and DeepSpeed's bf16 optimizer flatten "
                           f"parameters into one buffer, which would turn its per-matrix statistics (LAMB's trust ratio, "
                           f"Adafactor's factored moments) into one per group")
-    if p.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3 ({where('parallel.zero_stage')})")
     if p.offload_optimizer and p.zero_stage == 0:
         raise ConfigError(f"parallel.offload_optimizer needs parallel.zero_stage >= 1 "
                           f"(it is 0; {where('parallel.offload_optimizer')})")
