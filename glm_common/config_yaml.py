@@ -55,13 +55,41 @@ class _StrictLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _parse_yaml(text: str) -> Any:
+class TaggedLoader(_StrictLoader):
+    """The strict loader that also reads tags (``!function x``) as ``None``: for lm-eval task YAMLs."""
+
+
+TaggedLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _parse_yaml(text: str, loader_cls: type = _StrictLoader) -> Any:
     """The YAML document in ``text`` (``_Refused`` for aliases or deep nesting, ``yaml.YAMLError``)."""
-    loader = _StrictLoader(text)
+    loader = loader_cls(text)
     try:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def read_yaml_file(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES, tags: bool = False) -> Any:
+    """One YAML file that is not a config (a fine-tuning recipe, a task file) under the same rules:
+    at most ``max_bytes``, a regular file, UTF-8, no aliases, bounded nesting; ``ConfigError`` with
+    one line otherwise. ``tags=True`` reads ``!tag value`` nodes as ``None``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a regular file")
+    with path.open("rb") as f:
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ConfigError(f"{path} is larger than {max_bytes} bytes: not a YAML file of this kind")
+    try:
+        return _parse_yaml(raw.decode("utf-8"), TaggedLoader if tags else _StrictLoader)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {err.start})") from None
+    except _Refused as err:
+        raise ConfigError(f"{path}, {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {_one_line(err)}") from None
 
 
 def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (),

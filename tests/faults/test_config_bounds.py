@@ -16,10 +16,11 @@ import pytest
 from data_pipeline.recipe import Recipe, load_recipe
 from data_pipeline.remote import RemoteReadError, open_url, retrying
 from glm_common.config_bounds import BOUNDS, check_bounds
-from glm_common.config_yaml import MAX_CONFIG_BYTES, MAX_DEPTH, ConfigError
+from glm_common.config_yaml import MAX_CONFIG_BYTES, MAX_DEPTH, ConfigError, read_yaml_file
 from glm_dist.config.checks import validate
 from glm_dist.config.loader import load_config
 from glm_dist.config.schema import Config
+from glm_dist.transfer.recipes import load_recipe as load_finetune_recipe
 from tests.conftest import ROOT, TINY, clean_env
 
 FINEWEB = str(ROOT / "configs/data/fineweb.yaml")
@@ -200,3 +201,17 @@ def test_invalid_yaml_is_one_line_naming_the_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "bad.yaml")
     assert "\n" not in str(err.value) and f"{tmp_path / 'bad.yaml'} is not valid YAML: line 3" in str(err.value)
+
+
+def test_a_fine_tuning_recipe_and_a_task_yaml_are_read_under_the_same_rules(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(DICT_BOMB + "\n")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=rf"^{path}, line 1: YAML anchors and aliases"):
+        load_finetune_recipe(str(path))
+    assert time.perf_counter() - start < 0.5
+    task = tmp_path / "task.yaml"
+    task.write_text("task: demo\nprocess_results: !function utils.process\n")
+    assert read_yaml_file(task, tags=True) == {"task": "demo", "process_results": None}
+    with pytest.raises(ConfigError, match="is larger than 16 bytes"):
+        read_yaml_file(task, max_bytes=16)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import yaml
-
+from glm_common.config_yaml import read_yaml_file
 from glm_dist.train.finetune import FinetuneArgs, FinetuneError
 
 HERE = Path(__file__).parent
@@ -23,9 +22,7 @@ def load_recipe(name_or_path: str) -> dict:
     if not path.is_file():
         raise FinetuneError(f"no fine-tuning recipe {name_or_path!r}; named ones: {', '.join(available())}, "
                             "or give a .yaml path")
-    if path.stat().st_size > MAX_BYTES:
-        raise FinetuneError(f"{path}: a recipe is at most {MAX_BYTES} bytes")
-    values = yaml.safe_load(path.read_text()) or {}
+    values = read_yaml_file(path, max_bytes=MAX_BYTES) or {}
     if not isinstance(values, dict):
         raise FinetuneError(f"{path}: a recipe is a mapping of option: value")
     known = {f.name: str(f.type) for f in dataclasses.fields(FinetuneArgs) if f.name not in ("checkpoint", "train")}
