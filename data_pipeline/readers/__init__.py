@@ -79,6 +79,8 @@ def _matches(fs, path: str) -> list[str]:
 
 
 def format_of(path: str, configured: str = "auto", *, strict: bool = True) -> str | None:
+    """The reader of ``path`` (``reader.format``, else told by its extension); a name that tells
+    none is a ``PipelineError`` (``strict``) or None."""
     if configured != "auto":
         return configured
     name = path.lower()
@@ -89,7 +91,10 @@ def format_of(path: str, configured: str = "auto", *, strict: bool = True) -> st
         if name.endswith(ext):
             return fmt
     if strict:
-        raise ValueError(f"cannot tell the format of {path!r} from its name; set reader.format")
+        names = ", ".join(FORMATS)
+        raise PipelineError(f"input {path}: cannot tell its format from its name (accepted: {names}, each optionally "
+                            f"compressed as {', '.join(COMPRESSIONS)}); rename it or set reader.format="
+                            f"{'|'.join(sorted(set(FORMATS.values())))}")
     return None
 
 
