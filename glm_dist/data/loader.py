@@ -1,4 +1,4 @@
-"""The training loader: each rank builds only its own samples of the global batch (ARCHITECTURE.md
+"""The training loader: each rank builds only its own samples of the global batch (docs/architecture.md,
 decisions 5 and 12).
 
 The global order is a *sample index* (data/plan.py), computed from the shards' index files
@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -36,12 +37,16 @@ from glm_dist.data.plan import ADDRESS, BuiltPlan, Located, PackedPlan, SampleIn
 from glm_dist.data.plan_cache import PlanCache
 from glm_dist.data.reader import RangeReader, ReadStats, empty_store, intervals
 from glm_dist.data.shards import ShardSetError, open_shard_file, read_manifest, shard_urls
+from glm_dist.errors import GlmError
 from glm_dist.objectives.base import Vocab
 from glm_dist.objectives.clm import TokenPacker
 from glm_dist.objectives.registry import ObjectiveOptions, collate, get_objective
 
 DEFAULT_OBJECTIVE = ObjectiveConfig().name  # the config's default
 STATE_FORMAT = "glm-dist/sample-index/v1"
+MAX_STEP_TOKENS = 2**32  # one rank's tokens per optimizer step, all built at once: 32 GiB of int64 ids, far above
+# any real run (config/checks.py bounds a micro batch at 2**28 tokens; this guards every other way a loader is made)
+log = logging.getLogger(__name__)
 
 
 def read_tokenizer(shards_dir: str, manifest: dict) -> Tokenizer:
@@ -57,6 +62,23 @@ def vocab_from_manifest(shards_dir: str, manifest: dict, *, whole_word: bool = F
     return Vocab(size=t["vocab_size"], ids=ids, word_starts=word_starts)
 
 
+def check_batch_shape(*, seq_len: int, micro_batch_size: int, grad_accum_steps: int, dp_rank: int,
+                      dp_size: int) -> None:
+    """Refuse a batch no rank can build before anything is allocated for it."""
+    sizes = {"data.seq_len": seq_len, "train.micro_batch_size": micro_batch_size,
+             "train.grad_accum_steps": grad_accum_steps, "the data-parallel size": dp_size}
+    for key, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise GlmError(f"{key}={value!r} must be a whole number, 1 or more")
+    if not 0 <= dp_rank < dp_size:
+        raise GlmError(f"data-parallel rank {dp_rank} is not one of the {dp_size} ranks")
+    tokens = int(seq_len) * int(micro_batch_size) * int(grad_accum_steps)
+    if tokens > MAX_STEP_TOKENS:
+        raise GlmError(f"train.micro_batch_size={micro_batch_size} x train.grad_accum_steps={grad_accum_steps} x "
+                       f"data.seq_len={seq_len} is {tokens} tokens per rank and step, more than a rank can build "
+                       f"(at most {MAX_STEP_TOKENS}): lower the batch sizes")
+
+
 class Loader:
     def __init__(self, shards_dir: str, *, objective: str = DEFAULT_OBJECTIVE, split: str = "train", seq_len: int,
                  micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
@@ -65,6 +87,8 @@ class Loader:
                  read_backoff_s: float = 0.5, reads: bool = True):
         """``reads=False``: a rank that needs no batch (a middle pipeline stage) reads nothing; its
         batches have the right shapes, filled with the pad token."""
+        check_batch_shape(seq_len=seq_len, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+                          dp_rank=dp_rank, dp_size=dp_size)
         self.root, self.split, self.manifest = shards_dir, split, read_manifest(shards_dir)
         self.num_shards = len(shard_urls(shards_dir, self.manifest, split))
         self.objective, self.seed, self.seq_len = get_objective(objective), seed, seq_len
@@ -267,6 +291,21 @@ def validation_batches(shards_dir: str, *, seq_len: int, micro_batch_size: int, 
         batches = loader.next_step(build=i % dp_size == dp_rank)
         mine += batches[:1]
         count += 1
+    check_validation_read(loader)
     per_rank = -(-count // dp_size)
     pad = mine[0] if mine else Loader(shards_dir, **kw).next_step()[0]
     return [(b, 1.0) for b in mine] + [(pad, 0.0)] * (per_rank - len(mine))
+
+
+def check_validation_read(loader: Loader) -> None:
+    """A validation set holds what the held-out split holds, never padding: a document that could
+    not be read stops the run here (at its start) with the reason; shards skipped on every rank
+    alike (their index or size is wrong) leave the set smaller, said once."""
+    counts = loader.read_counts()
+    if counts["skipped_documents"]:
+        raise GlmError(f"validation: {counts['skipped_documents']} held-out document(s) of {loader.root} could not "
+                       f"be read after data.read_retries ({loader._reader.errors[0]}); their loss would score padding: "
+                       f"make the shards readable and start again")
+    if counts["skipped_shards"]:
+        log.warning("validation: %d shard(s) of the held-out split skipped, the validation set is that much "
+                    "smaller: %s", counts["skipped_shards"], "; ".join(sorted(loader.skipped)))

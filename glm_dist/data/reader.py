@@ -1,4 +1,4 @@
-"""Reading the token ranges a rank's samples pack, by byte range (ARCHITECTURE.md decision 12).
+"""Reading the token ranges a rank's samples pack, by byte range (docs/architecture.md, decision 12).
 
 A token range [first, end) of a document is ``(end - first) * itemsize`` bytes at ``token_offset +
 first * itemsize`` of its shard (data/index.py): the raw data of its ``tokens.npy`` member. The
@@ -8,12 +8,19 @@ through fsspec (``open_url``: paths and any allowed URL; plain HTTP with no read
 fetches exactly its bytes), counted in ``stats``. ``cache_dir`` puts a node-local block cache
 (fsspec ``blockcache::``) in front of remote shards. A request that fails is retried ``retries``
 times with exponential backoff; then its documents are skipped -- their tokens become ``filler`` so
-every sample keeps its shape and every rank its number of batches -- and counted. A shard whose
+every sample keeps its shape and every rank its number of batches -- counted and logged. A shard whose
 size is not what its index says, or that is gone, is not retried: it is skipped for the rest of the run.
+
+Padding stands in for a bad shard, never for the data: when the reads of ``FAILING_SHARDS``
+different shards in a row fail (nothing read between them), the shards are unreachable and
+``DataUnreachable`` stops the run. A server that answers a range request with other bytes than
+those asked (HTTP 200 and the whole file: it ignores ``Range``) stops it at the first read with
+``RangeUnsupported``: no read of it can ever work, so it is neither retried nor padded.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -22,10 +29,14 @@ import numpy as np
 
 from glm_dist.data.index import DocTable
 from glm_dist.data.plan import ADDRESS, DOC_SHIFT, TOKEN_MASK
+from glm_dist.errors import GlmError
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 2**20
 OPEN_FILES = 16  # shard files kept open between steps
+FAILING_SHARDS = 3  # different shards failing in a row, nothing read between them: the data is unreachable
+MAX_BACKOFF_S = 60.0  # the longest wait between two attempts, however many retries
+FSSPEC_NO_RANGES = "support range requests"  # fsspec's ValueError when an HTTP server ignores Range
 
 
 @dataclass
@@ -36,6 +47,14 @@ class ReadStats:
 
 class _Permanent(OSError):
     """A shard that retrying cannot fix (gone, or not the file its index describes)."""
+
+
+class RangeUnsupported(GlmError):
+    """A server that ignores HTTP range requests: every read of its shards would fail."""
+
+
+class DataUnreachable(GlmError):
+    """Reads of several shards in a row failed after their retries: training on padding would be wrong."""
 
 
 def intervals(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -103,6 +122,15 @@ class RangeReader:
     errors: list[str] = field(default_factory=list)
     _files: OrderedDict = field(default_factory=OrderedDict)
     _dead: dict[int, str] = field(default_factory=dict)
+    _failing: set[int] = field(default_factory=set)  # shards whose reads failed since the last good read
+
+    def __post_init__(self) -> None:
+        # config/checks.py range-checks the keys; a reader built any other way must not loop wrongly either
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise GlmError(f"data.read_retries={self.retries!r} must be a whole number, 0 or more")
+        for key, value in (("data.read_backoff_s", self.backoff_s), ("read_timeout_s", self.read_timeout_s)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise GlmError(f"{key}={value!r} must be a number of seconds, 0 or more")
 
     def read(self, doc: np.ndarray, first: np.ndarray, end: np.ndarray) -> TokenStore:
         """The token intervals (sorted by document, then first token), read in coalesced requests."""
@@ -119,6 +147,7 @@ class RangeReader:
                 ok[members] = False
                 self._skip(int(s), doc[members], err)
                 continue
+            self._failing.clear()
             for m in members:
                 raw = data[start[m] - lo:stop[m] - lo]
                 buffer[bases[m]:bases[m + 1]] = np.frombuffer(raw, dtype=self.table.dtype)
@@ -141,9 +170,16 @@ class RangeReader:
             yield shard[current[0]], current, lo, hi
 
     def _skip(self, shard: int, docs: np.ndarray, err: OSError) -> None:
+        """Count the documents of a failed request; stop once several shards in a row failed."""
         self.skipped[f"unreadable_document:{self.table.url(shard)}"] += len(np.unique(docs))
         self.errors.append(str(err))
-        log.warning("skipping %d document(s): %s", len(np.unique(docs)), err)
+        log.warning("skipping %d document(s), their tokens padded: %s", len(np.unique(docs)), err)
+        self._failing.add(shard)
+        if len(self._failing) >= min(FAILING_SHARDS, int(self.table.usable.sum())):
+            raise DataUnreachable(f"the reads of {len(self._failing)} different shard(s) of {self.table.root} failed "
+                                  f"in a row after data.read_retries={self.retries} retries each, nothing read "
+                                  f"between them (last: {err}); the shards are unreachable and the batches would "
+                                  f"be padding: check the location and the network, then resume the run")
 
     def _read(self, shard: int, start: int, size: int) -> bytes:
         if shard in self._dead:
@@ -159,11 +195,14 @@ class RangeReader:
                 raise
             except (OSError, ValueError) as err:
                 self._close(shard)
+                if isinstance(err, ValueError) and FSSPEC_NO_RANGES in str(err):
+                    raise RangeUnsupported(self._no_ranges(shard, start, size)) from None
                 if attempt == self.retries:
                     raise OSError(f"{self.table.url(shard)}: bytes {start}-{start + size}: {err}; gave up after "
                                   f"{attempt + 1} attempt(s)") from None
-                wait = self.backoff_s * 2**attempt
-                log.warning("%s: %s; retry %d of %d in %g s", self.table.url(shard), err, attempt + 1, self.retries, wait)
+                wait = min(self.backoff_s * 2.0 ** min(attempt, 32), MAX_BACKOFF_S)
+                log.warning("%s: %s; retry %d of %d in %g s", self.table.url(shard), err, attempt + 1, self.retries,
+                            wait)
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -173,11 +212,19 @@ class RangeReader:
             chunk = f.read(size - got)
             if not chunk:
                 raise OSError(f"short read: {got} of {size} bytes at {start}")
+            if len(chunk) > size - got:  # a server that sent more than the range asked for
+                raise RangeUnsupported(self._no_ranges(shard, start + got, size - got))
             chunks.append(chunk)
             got += len(chunk)
             self.stats.bytes += len(chunk)
         self.stats.requests += 1
         return b"".join(chunks)
+
+    def _no_ranges(self, shard: int, start: int, size: int) -> str:
+        return (f"{self.table.url(shard)}: the server ignores HTTP range requests (asked for bytes {start}-"
+                f"{start + size - 1}, it answered with other bytes, e.g. HTTP 200 and the whole file); shards are "
+                f"read by byte range, so the server must support range requests (HTTP 206, as object stores and "
+                f"most web servers do): serve them from one that does, or copy them to a local folder")
 
     def _file(self, shard: int):
         if shard in self._files:

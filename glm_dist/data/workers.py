@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from glm_dist.data.loader import Loader
+from glm_dist.errors import GlmError
 
 
 class _Steps(IterableDataset):
@@ -62,7 +63,10 @@ class WorkerLoader:
             self._it = iter(DataLoader(_Steps(self._make, self._state), batch_size=None, num_workers=self.num_workers,
                                        prefetch_factor=self.prefetch_factor, persistent_workers=False,
                                        pin_memory=torch.cuda.is_available()))  # then copies to the GPU are async
-        batches, self._state, (worker, counts) = next(self._it)
+        try:
+            batches, self._state, (worker, counts) = next(self._it)
+        except GlmError as err:  # a worker's: torch re-raises it with the worker's traceback as its message
+            raise type(err)(str(err).rstrip().splitlines()[-1].split(": ", 1)[-1]) from None
         self._counts[worker] = counts
         return batches
 
