@@ -3,13 +3,17 @@
 Shards are plain webdataset tars (other tools read them as they are), but they are read here as
 data only: opened through fsspec (a path or a URL, never a ``pipe:`` command), streamed with
 ``tarfile`` member by member, regular files only (links, devices and directories are skipped; a
-member's name is never used as a path), each member bounded in size before it is buffered.
+member's name is never used as a path), each member bounded in size before it is buffered. Every
+file the manifest names stays inside the set's folder: no ``..``, no absolute path, no URL, and in a
+local folder no shard or index behind a symlink that leads out of it (``glm data index`` writes
+beside the shards).
 """
 from __future__ import annotations
 
 import io
 import json
 import logging
+import os
 import re
 import tarfile
 from typing import Iterator, NamedTuple
@@ -60,9 +64,37 @@ def read_manifest(root: str) -> dict:
         manifest = json.loads(data.decode("utf-8"))
         if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
             raise ValueError("no 'splits' mapping")
+        entries = [e for split in manifest["splits"].values() for e in (split if isinstance(split, list) else [None])]
+        if not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+            raise ValueError("a split is not a list of shard entries with a name")
     except (UnicodeDecodeError, ValueError) as err:
         raise ShardSetError(f"{url} is corrupt ({err}); rebuild the shard set with glm data tokenize") from None
+    check_confined(root, manifest)
     return manifest
+
+
+def check_confined(root: str, manifest: dict) -> None:
+    """Refuse a manifest that names a file outside ``root`` (``ShardSetError``, one line): every name
+    is relative and has no ``..``; in a local folder the shards and their index files are not reached
+    through a symlink that leads out of it (the tokenizer may be: a counts set shares its token set's)."""
+    split_names = [(e[k], k) for split in manifest["splits"].values() for e in split
+                   for k in ("name", "index") if e.get(k)]
+    others = [(t["file"], f"{key}.file") for key in ("tokenizer", "target_tokenizer")
+              if isinstance(t := manifest.get(key), dict) and "file" in t]
+    for name, key in split_names + others:
+        parts = name.replace("\\", "/").split("/") if isinstance(name, str) else [""]
+        if not parts[0] or ".." in parts or ":" in parts[0]:
+            raise ShardSetError(f"{root}/manifest.json: {key} {name!r} is not a file inside the shard set (absolute, "
+                                f"'..', a URL or empty); fix the manifest or rebuild the set with glm data tokenize")
+    local = root[len("file://"):] if root.startswith("file://") else root
+    if "://" in local or "::" in local:
+        return
+    top = os.path.realpath(local)
+    for name, key in split_names:
+        real = os.path.realpath(os.path.join(local, name))
+        if os.path.commonpath([top, real]) != top:
+            raise ShardSetError(f"{root}/manifest.json: {key} {name!r} leads out of the shard set through a "
+                                f"symlink (to {real}); copy the file into {root} or fix the manifest")
 
 
 def shard_urls(root: str, manifest: dict, split: str) -> list[str]:
