@@ -1,6 +1,7 @@
 """The chunked cross entropy (glm_dist/ops/cross_entropy.py): equal to the plain loss in values and
-gradients, in fp32, bf16 and under autocast; GPT's clm loss never makes the (tokens x vocab)
-logits; the memory it saves, measured, and counted by glm plan."""
+gradients, in fp32, bf16 and under autocast; the compiled chunk kernel (the GPU's) equal to the eager
+chain, compiled here for the CPU; GPT's clm loss never makes the (tokens x vocab) logits; the memory
+it saves, measured, and counted by glm plan."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from glm_dist.models.gpt import GPT, gpt_config
 from glm_dist.objectives.registry import get_objective
-from glm_dist.ops.cross_entropy import CHUNK_BYTES_PER_LOGIT, cross_entropy, linear_cross_entropy, loss_logits_bytes
+from glm_dist.ops import cross_entropy as ce_ops
+from glm_dist.ops.cross_entropy import (CHUNK_BYTES_PER_LOGIT, cross_entropy, linear_cross_entropy, loss_logits_bytes,
+                                        vocab_padding)
 from glm_dist.parallel.plan import model_shape, plan
 from tests.conftest import ROOT, clean_env
 
@@ -71,6 +74,32 @@ def test_linear_cross_entropy_under_autocast_computes_like_nn_linear():
     for ours, r in zip(_grads(ce.nll / ce.count, h, w, b), _grads(ref, h, w, b)):
         assert ours.dtype == torch.float32  # back through the casts to the fp32 leaves
         torch.testing.assert_close(ours, r, rtol=2e-2, atol=2e-3)
+
+
+def test_the_compiled_chunk_kernel_equals_the_eager_chain():
+    """What CUDA runs (one inductor kernel per chunk: loss and gradient of its softmax), compiled for the
+    CPU: two chunks of 48 rows, ignored rows and 11 padding columns, against the eager chain and the
+    plain loss on the real columns, in fp32."""
+    torch._dynamo.reset()
+    h, w, _, t = _inputs(n=96, v=301)
+    t[t >= 290] = 3  # no target among the padding
+    runs = []
+    for compiled in (False, True):
+        with vocab_padding(11):
+            ce = linear_cross_entropy(h, w, t, chunk_tokens=48, compiled=compiled)
+        runs.append((ce.nll, ce.rows, *_grads(ce.nll / ce.count, h, w)))
+    eager, fused = runs
+    plain = F.cross_entropy(F.linear(h, w)[:, :290], t, reduction="sum")
+    torch.testing.assert_close(fused[0], plain, rtol=1e-6, atol=1e-5)
+    for a, b in zip(fused, eager):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert torch.equal(fused[3][290:], torch.zeros(11, 24))  # the padding rows get no gradient
+
+
+def test_on_the_cpu_the_eager_chain_runs_unless_asked(monkeypatch):
+    monkeypatch.setattr(ce_ops, "_compiled_chunks", lambda *a, **k: pytest.fail("compiled on the CPU"))
+    h, w, b, t = _inputs()
+    linear_cross_entropy(h, w, t, bias=b)
 
 
 class MatmulCount(TorchDispatchMode):

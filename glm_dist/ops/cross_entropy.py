@@ -23,10 +23,24 @@ vocabulary this tensor rank owns (``parallel/tensor.py``). Each chunk's row maxi
 0 elsewhere) in one all-reduce (sum); the logits are never gathered, and each rank's gradient is
 its own columns of softmax - one-hot. ``predicted`` is the matching argmax. Outside a split
 nothing is communicated.
+
+A padded vocabulary (Megatron's ``make-vocab-size-divisible-by``: GPT-2's 50257 rows stored as 50304
+so the output matmuls get tensor-core-friendly shapes): inside ``vocab_padding(columns)`` the last
+``columns`` of the whole vocabulary are padding. Their logits are set to -inf before every softmax,
+so the loss, its gradient (0 on the padding rows of the output matrix) and ``predicted`` are those
+of the unpadded model; ``real_logits`` cuts them off a model's output.
+
+Two ways to run a chunk of ``linear_cross_entropy``. On the CPU, a chain of in-place passes over the
+chunk's transposed fp32 logits (cast up, max, subtract, exp, sum, divide, one-hot, scale, cast
+down: ~52 bytes moved per logit element in bf16, ``BYTES_PER_LOGIT``), tuned for its page faults.
+On CUDA (outside a vocabulary split), one ``torch.compile``d function of the chunk (``_softmax_xent_``):
+the 16-bit (n, V) logits in, its NLL out and the logits overwritten by their gradient -- three reads
+and one write of 16-bit elements (~8 bytes), in chunks of ``FUSED_CHUNK_TOKENS``.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -40,6 +54,14 @@ CHUNK_TOKENS = 1024  # rows of fp32 logits per chunk: 1024 x 50257 x 4 B = 196 M
 # Peak bytes per logit element of one chunk (bench/loss_memory.py measures it): the fp32 logits,
 # worked on in place, and their 16-bit copy for the gradient's matmuls.
 CHUNK_BYTES_PER_LOGIT = 6
+# The compiled chunk keeps only its 16-bit logits (overwritten by their gradient), so a chunk of the
+# same memory holds 3x the tokens; larger chunks mean fewer fp32 accumulations of the (V, C) gradient.
+FUSED_CHUNK_TOKENS = 8192  # 8192 x 50304 x 2 B = 786 MiB
+# Bytes read and written per logit element by one chunk's softmax cross entropy, forward and
+# gradient, 16-bit logits (bench/loss_memory.py counts the eager chain's op by op): the eager chain
+# (copy 2+4, max 4, subtract 8, exp 8, sum 4, divide 8, scale 8, copy back 4+2) and the compiled
+# kernel (max 2, sum of exponentials 2, gradient 2+2).
+BYTES_PER_LOGIT = {"eager": 52, "compiled": 8}
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,47 @@ def _active(width: int) -> VocabSplit | None:
         raise ValueError(f"logits of width {width} inside a vocabulary split of {_split.width} columns "
                          f"[{_split.start}, {_split.end}) of {_split.vocab}: not this rank's vocabulary shard")
     return _split
+
+
+_padding = 0  # trailing columns of the whole vocabulary that are padding (``vocab_padding``)
+
+
+@contextlib.contextmanager
+def vocab_padding(columns: int) -> Iterator[None]:
+    """Inside the block the last ``columns`` of the whole vocabulary (the logits' columns, or under
+    ``vocab_split`` the split's ``vocab``) are padding: never in a softmax, never ``predicted``."""
+    global _padding
+    before, _padding = _padding, columns
+    try:
+        yield
+    finally:
+        _padding = before
+
+
+def _real_width(width: int, split: VocabSplit | None) -> int:
+    """How many of these ``width`` columns (this rank's under ``split``) are real vocabulary: the
+    leading ones (padding only ever follows the real vocabulary)."""
+    if not _padding:
+        return width
+    if split is None:
+        return width - _padding
+    return max(0, min(width, split.vocab - _padding - split.start))
+
+
+def _mask_padding(logits: torch.Tensor, real: int) -> torch.Tensor:
+    """(..., V) logits with the columns from ``real`` on at -inf (a copy; the same tensor when none is padding)."""
+    if real == logits.shape[-1]:
+        return logits
+    return logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= real, float("-inf"))
+
+
+def real_logits(logits: torch.Tensor) -> torch.Tensor:
+    """A model's (..., V) logits without the padding of ``vocab_padding``: the real columns (a view),
+    or under ``vocab_split`` this rank's columns with the padding's at -inf (the width a split loss
+    expects)."""
+    split = _active(logits.shape[-1])
+    real = _real_width(logits.shape[-1], split)
+    return _mask_padding(logits, real) if split is not None else logits[..., :real]
 
 
 class LinearCE(NamedTuple):
@@ -137,70 +200,152 @@ def _accumulate_(total: torch.Tensor, part: torch.Tensor, *, first: bool, scratc
         total.add_(scratch[:part.numel()].view(part.shape).copy_(part))
 
 
+@dataclass
+class _Grads:
+    """What a chunk loop fills: each row's NLL and the gradients wanted (None: not wanted)."""
+
+    rows: torch.Tensor  # (N,) fp32
+    h: torch.Tensor | None  # (N, C), hidden's dtype
+    w: torch.Tensor | None  # (V, C) fp32, accumulated over several chunks (None for one chunk: its matmul is it)
+    w_part: torch.Tensor | None  # (V, C), one chunk's, the weight's dtype
+    b: torch.Tensor | None  # (V,) fp32
+
+    @property
+    def wanted(self) -> bool:
+        return self.h is not None or self.w_part is not None or self.b is not None
+
+
+def _backprop_chunk(g: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, out: _Grads, *, start: int,
+                    scratch: torch.Tensor) -> None:
+    """The projection's backward for one chunk: g (V, n), d NLL / d logits transposed in the projection's
+    dtype (or a transposed view), h (n, C) the chunk's input rows -> its rows of the input's gradient
+    and its share of the output matrix's."""
+    if out.h is not None:
+        torch.mm(g.T, weight, out=out.h[start:start + g.shape[1]])  # (n, C)
+    if out.w_part is not None:
+        torch.mm(g, h, out=out.w_part)  # (V, C)
+        if out.w is not None:
+            _accumulate_(out.w, out.w_part, first=start == 0, scratch=scratch)
+
+
+def _transposed_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                       out: _Grads, *, chunk: int, ignore_index: int, split: VocabSplit | None) -> None:
+    """The eager loop, tuned on the CPU (and the one under a vocabulary split). The chunk's logits are
+    made transposed, (V, n) = weight @ h.T, into two buffers reused by every chunk (the matmul's output
+    in the compute dtype, its fp32 copy), and the gradient matmuls write into buffers too. With the
+    vocabulary as the matmul's long M side, its logits matmul ran in 32 ms against 69 for ``F.linear``'s
+    (n, V) on this CPU (1024 x 768 -> 50257, bf16, AMX), and without a fresh large block per chunk (each
+    costs its page faults on a CPU) the whole loss over 2048 tokens took 0.74 s against 1.11 s."""
+    n_rows, vocab = hidden.shape[0], weight.shape[0]
+    real = _real_width(vocab, split)
+    # (V, n) views of flat buffers: in the compute dtype, and in fp32 (the same buffer when that is
+    # fp32); a shorter last chunk takes the buffers' leading V x n elements
+    low = torch.empty(vocab * chunk, dtype=hidden.dtype, device=hidden.device)
+    high = low if hidden.dtype == torch.float32 else torch.empty(vocab * chunk, dtype=torch.float32,
+                                                                 device=hidden.device)
+    for start in range(0, n_rows, chunk):
+        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        n = h.shape[0]
+        logits_low, logits = low[:vocab * n].view(vocab, n), high[:vocab * n].view(vocab, n)
+        torch.mm(weight, h.T, out=logits_low)
+        if logits is not logits_low:
+            logits.copy_(logits_low)
+        if bias is not None:
+            logits.add_(bias.unsqueeze(1))
+        logits[real:].fill_(float("-inf"))  # the vocabulary's padding rows, if any
+        out.rows[start:start + n], _, valid, owned, safe = _nll_(logits, t, ignore_index, softmax=out.wanted,
+                                                                 split=split, dim=0)
+        if not out.wanted:
+            continue
+        g = _dlogits_(logits, safe, owned, valid.float(), dim=0)  # (V, n) fp32
+        if out.b is not None:
+            out.b += g.sum(1)
+        if g is not logits_low:  # the projection's backward runs in its forward's dtype
+            g = logits_low.copy_(g)
+        _backprop_chunk(g, h, weight, out, start=start, scratch=high)
+
+
+def _softmax_xent_(logits: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None, real: int,
+                   ignore_index: int, grads: bool) -> torch.Tensor:
+    """One chunk's softmax cross entropy as one fused kernel once compiled (``_compiled_softmax_xent``):
+    (n, V) logits in the compute dtype (+ bias (V,)), targets (n,) -> (n,) fp32 NLL, 0 where ignored;
+    ``grads``: the logits are overwritten by softmax - one-hot (0 on ignored rows), the gradient of each
+    row's NLL. Columns from ``real`` on are padding. exp is recomputed from the logits in the gradient's
+    pass rather than kept, so nothing logits-sized is written but the gradient."""
+    x = logits.float() if bias is None else logits.float() + bias.float()
+    col = torch.arange(x.shape[1], device=x.device)
+    if real < x.shape[1]:
+        x = torch.where(col < real, x, float("-inf"))
+    valid = targets != ignore_index
+    safe = torch.where(valid, targets, 0)
+    top = x.amax(1, keepdim=True)  # (n, 1)
+    lse = top + (x - top).exp().sum(1, keepdim=True).log()
+    rows = torch.where(valid, (lse - x.gather(1, safe[:, None])).squeeze(1), 0.0)
+    if grads:
+        logits.copy_(((x - lse).exp() - (col == safe[:, None]).float()) * valid[:, None])
+    return rows
+
+
+@functools.cache
+def _compiled_softmax_xent():
+    """``_softmax_xent_`` compiled by inductor: a Triton kernel on CUDA, C++ on the CPU; one graph per
+    chunk shape (dynamic=False: a run's chunks have at most two)."""
+    return torch.compile(_softmax_xent_, dynamic=False, fullgraph=True)
+
+
+def _compiled_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                     out: _Grads, *, chunk: int, ignore_index: int) -> None:
+    """The GPU's loop: each chunk's logits (n, V) = h @ weight.T -- rows contiguous for the kernel's
+    reductions, V a multiple of 128 when the model pads its vocabulary -- into one buffer every chunk
+    reuses, which the compiled ``_softmax_xent_`` turns into the chunk's NLL and, in place, its gradient."""
+    n_rows, vocab = hidden.shape[0], weight.shape[0]
+    real, kernel = _real_width(vocab, None), _compiled_softmax_xent()
+    buf = torch.empty(chunk * vocab, dtype=hidden.dtype, device=hidden.device)
+    no_scratch = buf.new_empty(0, dtype=torch.float32)  # a mixed-dtype add_ makes no temporary on a GPU
+    for start in range(0, n_rows, chunk):
+        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        n = h.shape[0]
+        logits = torch.mm(h, weight.T, out=buf[:vocab * n].view(n, vocab))  # (n, V)
+        out.rows[start:start + n] = kernel(logits, t, bias, real, ignore_index, out.wanted)
+        if not out.wanted:
+            continue
+        if out.b is not None:
+            out.b += logits.sum(0, dtype=torch.float32)
+        _backprop_chunk(logits.T, h, weight, out, start=start, scratch=no_scratch)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """The chunk's logits are made transposed, (V, n) = weight @ h.T, into two buffers reused by every
-    chunk (the matmul's output in the compute dtype, its fp32 copy), and the gradient matmuls write
-    into buffers too. With the vocabulary as the matmul's long M side, its logits matmul ran in 32 ms
-    against 69 for ``F.linear``'s (n, V) on this CPU (1024 x 768 -> 50257, bf16, AMX), and without a
-    fresh large block per chunk (each costs its page faults on a CPU) the whole loss over 2048 tokens
-    took 0.74 s against 1.11 s; on a GPU the caching allocator already reuses memory."""
+    """Forward makes the loss and its gradients a chunk at a time (``_transposed_chunks`` or
+    ``_compiled_chunks``); backward scales them by the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk: int, ignore_index: int, grads: bool, split):
+    def forward(ctx, hidden, weight, bias, targets, chunk: int, ignore_index: int, grads: bool, split, compiled: bool):
         # hidden (N, C), weight (V, C), bias (V,) or None, targets (N,); under ``split`` V is this
         # rank's columns and grad_h its partial sum (the module around it all-reduces it backward)
         want_h, want_w, want_b = (grads and need for need in ctx.needs_input_grad[:3])
-        grads = want_h or want_w or want_b
-        n_rows, vocab = hidden.shape[0], weight.shape[0]
+        n_rows = hidden.shape[0]
         chunk = min(chunk, n_rows) or 1
-        one_chunk = chunk == n_rows
-        rows = torch.empty(n_rows, dtype=torch.float32, device=hidden.device)
-        grad_h = torch.empty_like(hidden) if want_h else None
-        # over several chunks the output matrix's gradient accumulates in fp32; one chunk's is its matmul
-        grad_w = torch.empty(weight.shape, dtype=torch.float32, device=weight.device) if want_w and not one_chunk else None
-        grad_w_part = torch.empty_like(weight) if want_w else None
-        grad_b = torch.zeros(vocab, dtype=torch.float32, device=hidden.device) if want_b else None
-        # the chunk's logits, (V, n) views of flat buffers: in the compute dtype, and in fp32 (the same
-        # buffer when that is fp32); a shorter last chunk takes the buffers' leading V x n elements
-        low = torch.empty(vocab * chunk, dtype=hidden.dtype, device=hidden.device)
-        high = low if hidden.dtype == torch.float32 else torch.empty(vocab * chunk, dtype=torch.float32,
-                                                                     device=hidden.device)
-        for start in range(0, n_rows, chunk):
-            h, t = hidden[start:start + chunk], targets[start:start + chunk]
-            n = h.shape[0]
-            logits_low, logits = low[:vocab * n].view(vocab, n), high[:vocab * n].view(vocab, n)
-            torch.mm(weight, h.T, out=logits_low)
-            if logits is not logits_low:
-                logits.copy_(logits_low)
-            if bias is not None:
-                logits.add_(bias.unsqueeze(1))
-            rows[start:start + n], _, valid, owned, safe = _nll_(logits, t, ignore_index, softmax=grads,
-                                                                 split=split, dim=0)
-            if not grads:
-                continue
-            g = _dlogits_(logits, safe, owned, valid.float(), dim=0)  # (V, n) fp32
-            if grad_b is not None:
-                grad_b += g.sum(1)
-            if g is not logits_low:  # the projection's backward runs in its forward's dtype
-                g = logits_low.copy_(g)
-            if grad_h is not None:
-                torch.mm(g.T, weight, out=grad_h[start:start + n])  # (n, C)
-            if grad_w_part is not None:
-                torch.mm(g, h, out=grad_w_part)  # (V, C)
-                if grad_w is not None:
-                    _accumulate_(grad_w, grad_w_part, first=start == 0, scratch=high)
-        ctx.mark_non_differentiable(rows)
-        if grad_w is None:
-            grad_w = grad_w_part  # one chunk's matmul, or None
-        elif grad_w.dtype != weight.dtype:
-            grad_w = grad_w_part.copy_(grad_w)
-        ctx.save_for_backward(grad_h, grad_w, None if grad_b is None else grad_b.to(bias.dtype))
-        return rows.sum(), rows
+        out = _Grads(rows=torch.empty(n_rows, dtype=torch.float32, device=hidden.device),
+                     h=torch.empty_like(hidden) if want_h else None,
+                     w=torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+                     if want_w and chunk < n_rows else None,
+                     w_part=torch.empty_like(weight) if want_w else None,
+                     b=torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device) if want_b else None)
+        if compiled:
+            _compiled_chunks(hidden, weight, bias, targets, out, chunk=chunk, ignore_index=ignore_index)
+        else:
+            _transposed_chunks(hidden, weight, bias, targets, out, chunk=chunk, ignore_index=ignore_index, split=split)
+        ctx.mark_non_differentiable(out.rows)
+        grad_w = out.w_part if out.w is None else out.w
+        if grad_w is not None and grad_w.dtype != weight.dtype:
+            grad_w = out.w_part.copy_(grad_w)
+        ctx.save_for_backward(out.h, grad_w, None if out.b is None else out.b.to(bias.dtype))
+        return out.rows.sum(), out.rows
 
     @staticmethod
     def backward(ctx, grad_nll, _grad_rows):
         scaled = [None if g is None else g * grad_nll.to(g.dtype) for g in ctx.saved_tensors]
-        return (*scaled, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -210,19 +355,28 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         bias: torch.Tensor | None = None, chunk_tokens: int = CHUNK_TOKENS,
-                         ignore_index: int = IGNORE_INDEX) -> LinearCE:
+                         bias: torch.Tensor | None = None, chunk_tokens: int | None = None,
+                         ignore_index: int = IGNORE_INDEX, compiled: bool | None = None) -> LinearCE:
     """NLL of ``targets`` under ``softmax(hidden @ weight.T + bias)``: hidden (..., C), weight
     (V, C), targets (...) -> ``LinearCE`` (summed NLL, per-row NLL, count); the mean loss is
-    ``nll / count.clamp(min=1)``. Inside ``vocab_split`` weight (and bias) are this rank's rows."""
+    ``nll / count.clamp(min=1)``. Inside ``vocab_split`` weight (and bias) are this rank's rows.
+    ``compiled``: each chunk through the compiled kernel (None: on CUDA, outside a vocabulary split,
+    whose all-reduces fall between the kernel's reductions); ``chunk_tokens`` (None):
+    ``FUSED_CHUNK_TOKENS`` for it, ``CHUNK_TOKENS`` for the eager chain."""
+    split = _active(weight.shape[0])
+    if compiled is None:
+        compiled = hidden.is_cuda and split is None
+    if compiled and split is not None:
+        raise ValueError("the compiled loss kernel runs outside a vocabulary split (compiled=None picks the eager "
+                         "chain there)")
+    chunk = chunk_tokens or (FUSED_CHUNK_TOKENS if compiled else CHUNK_TOKENS)
     dtype = _compute_dtype(hidden)
     h = hidden.reshape(-1, hidden.shape[-1]).to(dtype)
     w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
     t = targets.reshape(-1)
     grads = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (h, w, b))
     with torch.autocast(hidden.device.type, enabled=False):
-        nll, rows = _LinearCrossEntropy.apply(h, w, b, t, max(1, chunk_tokens), ignore_index, grads,
-                                              _active(weight.shape[0]))
+        nll, rows = _LinearCrossEntropy.apply(h, w, b, t, max(1, chunk), ignore_index, grads, split, compiled)
     return LinearCE(nll, rows, (t != ignore_index).sum())
 
 
@@ -233,12 +387,14 @@ class _CrossEntropy(torch.autograd.Function):
         # -> (N,) fp32 NLL per row
         rows = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(rows)
+        real = _real_width(logits.shape[1], split)
         for start in range(0, logits.shape[0], chunk):
-            end = start + chunk  # a copy, also of fp32 logits: _nll_ works in place
-            rows[start:end], lse[start:end], *_ = _nll_(logits[start:end].to(torch.float32, copy=True),
-                                                        targets[start:end], ignore_index, split=split)
+            end = start + chunk
+            x = logits[start:end].to(torch.float32, copy=True)  # a copy, also of fp32 logits: _nll_ works in place
+            x[:, real:] = float("-inf")  # the vocabulary's padding, if any
+            rows[start:end], lse[start:end], *_ = _nll_(x, targets[start:end], ignore_index, split=split)
         ctx.save_for_backward(logits, targets, lse)
-        ctx.chunk, ctx.ignore_index, ctx.split = chunk, ignore_index, split
+        ctx.chunk, ctx.ignore_index, ctx.split, ctx.real = chunk, ignore_index, split, real
         return rows
 
     @staticmethod
@@ -249,6 +405,7 @@ class _CrossEntropy(torch.autograd.Function):
             end = start + ctx.chunk
             valid, owned, safe = _targets(targets[start:end], ctx.ignore_index, ctx.split)
             probs = logits[start:end].to(torch.float32, copy=True).sub_(lse[start:end, None]).exp_()
+            probs[:, ctx.real:] = 0.0
             g = _dlogits_(probs, safe, owned, grad_rows[start:end].float() * valid)
             grad[start:end] = g.to(logits.dtype)
             del probs, g  # before the next chunk's
@@ -259,7 +416,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: 
                   ignore_index: int = IGNORE_INDEX, reduction: str = "sum") -> torch.Tensor:
     """``F.cross_entropy(logits.float(), targets, reduction=...)`` over (..., V) logits, fp32 a chunk
     at a time. ``reduction``: ``sum``, ``mean`` (over the predicted rows) or ``none`` (targets' shape).
-    Inside ``vocab_split`` the logits are this rank's columns."""
+    Inside ``vocab_split`` the logits are this rank's columns; inside ``vocab_padding`` the padding's
+    are left out of the softmax."""
     t = targets.reshape(-1)
     rows = _CrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), t, max(1, chunk_tokens), ignore_index,
                                _active(logits.shape[-1]))
@@ -274,10 +432,10 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: 
 
 @torch.no_grad()
 def predicted(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)``; inside ``vocab_split`` over every rank's columns (the lowest id among
-    equal maxima, as argmax): two all-reduces of (...,) values, no gather."""
+    """``logits.argmax(-1)``, never a padding column (``vocab_padding``); inside ``vocab_split`` over every
+    rank's columns (the lowest id among equal maxima, as argmax): two all-reduces of (...,) values, no gather."""
     split = _active(logits.shape[-1])
-    best, idx = logits.max(dim=-1)
+    best, idx = _mask_padding(logits, _real_width(logits.shape[-1], split)).max(dim=-1)
     if split is None:
         return idx
     best = best.float()
