@@ -38,6 +38,7 @@ BOUNDS: dict[str, str] = {
     # -- training configs: glm_dist/config/schema.py ------------------------------------------------
     "model.n_layer": f"[1, {LAYERS}]", "model.n_head": f"[1, {HEADS}]", "model.d_model": f"[1, {WIDTH}]",
     "model.d_ff": f"[1, {FFN}]", "model.vocab_size": f"[1, {VOCAB}]", "model.context_length": f"[1, {TOKENS}]",
+    "model.pad_vocab_to_multiple_of": "[1, 65536]",
     "model.sparse_window": f"[1, {TOKENS}]", "model.mem_len": f"[0, {TOKENS}]", "model.reuse_len": f"[0, {TOKENS}]",
     "model.dropout": "[0, 1)", "model.unlabelled_dropout": "[0, 1)", "model.cvt_attention_dropout": "[0, 1)",
     "model.cvt_beam": "[1, 1024]",

@@ -10,8 +10,8 @@ from glm_dist.config.schema import Config
 from glm_dist.models.registry import FAMILIES, family, resolve_model_config
 from glm_dist.objectives.registry import OBJECTIVES
 
-MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "context_length", "dropout",
-                   "sparse_window", "mem_len", "reuse_len", "bi_data", "tags",
+MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "pad_vocab_to_multiple_of", "context_length",
+                   "dropout", "sparse_window", "mem_len", "reuse_len", "bi_data", "tags",
                    "unlabelled_dropout", "cvt_decoders", "cvt_attention_dropout", "cvt_beam")
 
 

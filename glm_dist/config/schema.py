@@ -25,6 +25,10 @@ class ModelConfig:
     d_model: Optional[int] = _f(None, "override the flavor's hidden width")
     d_ff: Optional[int] = _f(None, "override the flavor's FFN width (default 4*d_model)")
     vocab_size: Optional[int] = _f(None, "override the flavor's vocabulary size")
+    pad_vocab_to_multiple_of: Optional[int] = _f(
+        None, "GPT: store the embedding/output matrix with its rows rounded up to a multiple of this (128: 50257 -> "
+              "50304, tensor-core-friendly matmuls); the padding is never predicted, exports and parameter counts "
+              "keep the real vocabulary (default 1: none)")
     context_length: Optional[int] = _f(None, "override the flavor's context length")
     dropout: float = _f(0.0, "dropout on embeddings, attention output and MLP output")
     sparse_window: Optional[int] = _f(

@@ -1,7 +1,8 @@
 """GPT family <-> transformers' ``GPT2LMHeadModel``.
 
 transformers' GPT-2 uses ``Conv1D`` (weight stored as (in, out)); ours uses ``nn.Linear``
-((out, in)), so matrices are transposed on the way. Names map one to one.
+((out, in)), so matrices are transposed on the way. Names map one to one. A padded vocabulary
+(``pad_vocab_to_multiple_of``) is exported without its padding rows and padded again on import.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from glm_dist.models.gpt import GPTConfig
+from glm_dist.models.gpt import GPTConfig, unpadded_state_dict
 
 # ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
 _BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",
@@ -72,9 +73,11 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def import_hf(hf_model) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """A transformers GPT-2 model -> our config and state dict."""
-    return from_hf_config(hf_model.config), from_hf_state_dict(hf_model.state_dict())
+def import_hf(hf_model, *, pad_vocab_to_multiple_of: int = 1) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """A transformers GPT-2 model -> our config, its vocabulary padded to ``pad_vocab_to_multiple_of``,
+    and state dict (of the real vocabulary's rows: ``GPT.load_state_dict`` pads them)."""
+    cfg = replace(from_hf_config(hf_model.config), pad_vocab_to_multiple_of=pad_vocab_to_multiple_of)
+    return cfg, from_hf_state_dict(hf_model.state_dict())
 
 
 def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
@@ -95,7 +98,7 @@ def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, toke
                                             model_max_length=cfg.context_length)
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(sd, cfg)), strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")

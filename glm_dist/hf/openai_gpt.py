@@ -3,7 +3,8 @@
 Same names as GPT-2's adapter for the blocks (``Conv1D`` weights transposed), different ones for
 the embeddings (``tokens_embed`` / ``positions_embed``); there is no final LayerNorm. The double
 heads model's multiple-choice head (``multiple_choice_head.summary``: one row, read at
-``mc_token_ids``) is GPT's W_y of a multiple-choice fine-tuning (``glm_dist/transfer``).
+``mc_token_ids``) is GPT's W_y of a multiple-choice fine-tuning (``glm_dist/transfer``). A padded
+vocabulary is exported without its padding rows.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from glm_dist.models.gpt import GPTConfig
+from glm_dist.models.gpt import GPTConfig, unpadded_state_dict
 
 _BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",
           "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
@@ -98,7 +99,7 @@ def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, toke
                                             unk_token=eot_token, model_max_length=cfg.context_length)
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = OpenAIGPTLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(sd, cfg)), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out_dir, safe_serialization=True)

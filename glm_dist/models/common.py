@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -147,8 +148,38 @@ def normal_init_std(cfg: Any) -> Callable[[str], float]:
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Unique parameters (tied weights counted once); works on the meta device."""
-    return sum(p.numel() for p in model.parameters())
+    """Unique parameters (tied weights counted once), a padded vocabulary's padding rows not counted
+    (``pad_vocab_rows``): the model's published size. Works on the meta device."""
+    return sum(_real_numel(p) for p in model.parameters())
+
+
+def _real_numel(p: torch.Tensor) -> int:
+    rows = getattr(p, "vocab_rows", None)  # a vocabulary shard of tensor parallelism keeps the mark, not the rows
+    return p.numel() if rows is None or p.shape[0] <= rows else p.numel() // p.shape[0] * rows
+
+
+def padded_size(vocab_size: int, multiple: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``multiple`` (Megatron-LM's make-vocab-size-divisible-by)."""
+    return -(-vocab_size // multiple) * multiple
+
+
+def pad_vocab_rows(module: nn.Module, vocab_size: int) -> None:
+    """Mark ``module``'s parameters whose rows run over a vocabulary padded beyond ``vocab_size`` (an
+    embedding's weight, an output projection's weight and bias): ``vocab_rows`` on each tells
+    ``count_parameters`` which rows are real, and a state dict holding only those rows (a checkpoint
+    written before the padding, a transformers model) loads with zero padding rows."""
+    padded = [name for name, p in module.named_parameters(recurse=False) if p.shape[0] > vocab_size]
+    for name in padded:
+        getattr(module, name).vocab_rows = vocab_size
+    if padded:
+        module.register_load_state_dict_pre_hook(functools.partial(_pad_on_load, names=padded, rows=vocab_size))
+
+
+def _pad_on_load(module: nn.Module, state_dict: dict, prefix: str, *args, names: list[str], rows: int) -> None:
+    for name in names:
+        value, padded = state_dict.get(prefix + name), getattr(module, name).shape[0]
+        if value is not None and value.shape[0] == rows < padded:
+            state_dict[prefix + name] = torch.cat([value, value.new_zeros(padded - rows, *value.shape[1:])])
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,13 @@ Pre-LN blocks, a final LayerNorm, learned absolute positions, tied input/output 
 residual projections initialised with std 0.02 / sqrt(2 * n_layer). The model is an ordered list
 of layers -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, ``GPTHead`` -- so pipeline stages can be cut
 from the same definition (``GPT.layers()``).
+
+``pad_vocab_to_multiple_of`` stores the tied embedding with its rows rounded up (128: GPT-2's 50257
+-> 50304, as Megatron-LM and nanoGPT do) so the output matmuls get tensor-core-friendly shapes. The
+model stays the unpadded one: its logits are the real vocabulary's, the loss never puts the padding
+in its softmax (``ops/cross_entropy.py``'s ``vocab_padding``), parameter counts, FLOPs and exports
+leave the padding out, and an unpadded state dict (a checkpoint from before, a transformers model)
+loads with zero padding rows.
 """
 from __future__ import annotations
 
@@ -15,7 +22,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from glm_dist.models.common import Flavor, MLP, CausalSelfAttention, OutputLinear, init_gpt_weights
+from glm_dist.models.common import (Flavor, MLP, CausalSelfAttention, OutputLinear, count_parameters, init_gpt_weights,
+                                    pad_vocab_rows, padded_size)
+from glm_dist.ops.cross_entropy import real_logits, vocab_padding
 
 
 @dataclass(frozen=True)
@@ -29,10 +38,16 @@ class GPTConfig:
     dropout: float = 0.0
     sparse_window: int | None = None  # GPT-3: odd layers use a local band of this width
     layer_norm_eps: float = 1e-5
+    pad_vocab_to_multiple_of: int = 1  # the embedding's rows rounded up to a multiple of this (1: vocab_size)
 
     @property
     def ffn_width(self) -> int:
         return self.d_ff or 4 * self.d_model
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token embedding and the output matrix: ``vocab_size`` and its padding."""
+        return padded_size(self.vocab_size, self.pad_vocab_to_multiple_of)
 
 
 # The GPT-3 paper names sizes with two significant figures ("350M" is 355.9M with its own
@@ -70,6 +85,15 @@ def gpt_config(flavor: str, **overrides) -> GPTConfig:
     return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
+VOCAB_MATRICES = ("embed.wte.weight", "head.lm_head.weight")  # (padded vocab, C), one tied tensor
+
+
+def unpadded_state_dict(sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """``sd`` with the vocabulary matrices cut to the real vocabulary's rows (views): what transformers
+    holds."""
+    return {key: value[:cfg.vocab_size] if key in VOCAB_MATRICES else value for key, value in sd.items()}
+
+
 def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
     """GPT-2's rule by parameter name (train.init=local; parallel/init.py): N(0, 0.02), the residual
     projections 0.02 / sqrt(2 n_layer) -- what ``init_gpt_weights`` draws from one stream."""
@@ -77,10 +101,19 @@ def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
     return lambda name: scaled if name.endswith("proj.weight") else 0.02
 
 
+def pipeline_refusal(cfg: GPTConfig) -> str | None:
+    """Why a GPT cannot be cut into pipeline stages (None: it can)."""
+    if cfg.padded_vocab_size != cfg.vocab_size:
+        return ("the pipeline's last stage keeps its own copy of the token embedding, unpadded, and scores whole "
+                "logits; set model.pad_vocab_to_multiple_of=1 to pipeline")
+    return None
+
+
 class GPTEmbedding(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)  # ids never reach the padding rows
+        pad_vocab_rows(self.wte, cfg.vocab_size)
         self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -111,11 +144,18 @@ class GPTHead(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.lm_head = OutputLinear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = OutputLinear(cfg.d_model, cfg.padded_vocab_size, bias=False)
+        self.padding_columns = cfg.padded_vocab_size - cfg.vocab_size  # the output's last ones
+        pad_vocab_rows(self.lm_head, cfg.vocab_size)
 
     def forward(self, x: torch.Tensor, project: Callable | None = None):
-        """(B, T, C) -> (B, T, vocab) logits, or ``project(ln_f(x), weight, None)`` (OutputLinear)."""
-        return self.lm_head(self.ln_f(x), project)
+        """(B, T, C) -> (B, T, vocab) logits of the real vocabulary, or ``project(ln_f(x), weight, None)``
+        (OutputLinear), a loss that sees the padded weight and leaves its padding out (``vocab_padding``)."""
+        if not self.padding_columns:
+            return self.lm_head(self.ln_f(x), project)
+        with vocab_padding(self.padding_columns):
+            out = self.lm_head(self.ln_f(x), project)
+            return out if project is not None else real_logits(out)
 
 
 class GPT(nn.Module):
@@ -155,6 +195,6 @@ class GPT(nn.Module):
 
     def num_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward), PaLM appendix B:
-        6 N for the weights + 12 L d T for attention scores."""
-        n = sum(p.numel() for p in self.parameters()) - self.embed.wpe.weight.numel()
+        6 N for the weights (the real vocabulary's) + 12 L d T for attention scores."""
+        n = count_parameters(self) - self.embed.wpe.weight.numel()
         return 6 * n + 12 * self.cfg.n_layer * self.cfg.d_model * seq_len

@@ -99,7 +99,8 @@ FAMILIES: dict[str, FamilySpec] = {
                       tensor_plans=common.GPT_TENSOR_PLANS, vocab_parallel=True,
                       sequence_parallel=True,
                       pipeline=PipelineSpec("glm_dist.parallel.pipeline:gpt_pipeline",
-                                            "glm_dist.parallel.pipeline:gpt_source_name", ("clm",)),
+                                            "glm_dist.parallel.pipeline:gpt_source_name", ("clm",),
+                                            gpt.pipeline_refusal),
                       hf="glm_dist.hf.gpt2", hf_classes=("GPT2LMHeadModel",), **GPT_FINETUNE),
     # GPT-1: GPT's layers with post-LN blocks; data parallelism and ZeRO only (the pipeline cuts GPT-2's blocks).
     "gpt1": FamilySpec(gpt1.FLAVORS, gpt1.gpt1_config, gpt1.GPT1, ("clm",), next_token_logits=True,
