@@ -1,7 +1,8 @@
-"""The ``glm`` command (stable names from ARCHITECTURE.md; run ``glm COMMAND --help``)."""
+"""The ``glm`` command (stable names in docs/architecture.md#commands; run ``glm COMMAND --help``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -10,7 +11,12 @@ import sys
 import typing
 from pathlib import Path
 
+from glm_common.outlock import FolderLocked, acquire, held, output_lock
 from glm_dist.config.loader import load_config, to_dict
+from glm_dist.observability.crash_report import write_crash_report
+from glm_dist.observability.redact import redact_process_output, redact_text
+
+_run_dir: str | None = None  # the folder of the running command, where its crash report goes
 
 
 def _config_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -216,11 +222,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides) if not recipe and (getattr(args, "config", None)
                                                                        or hasattr(args, "overrides")) else None
     if args.command == "train":
-        from glm_dist.train.loop import train
-
-        summary = train(cfg)
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(json.dumps(summary, indent=2))
+        return _train(cfg)
     elif args.command == "eval" and args.tasks and args.curve:
         from glm_dist.eval.curve import parse_curve, run_curve
 
@@ -354,14 +356,16 @@ def _run(args: argparse.Namespace) -> int:
             pipe.prepare()
             print(json.dumps(dict(pipe.stages())))
             return 0
-        pipe = run(recipe, stage=args.stage, task=args.task)
+        with _folder_lock(recipe.output, "glm data run", "output", task=args.task):
+            pipe = run(recipe, stage=args.stage, task=args.task)
         if args.stage is None:
             print(Path(pipe.out, "README.md").read_text())
     elif args.command == "data" and args.data_command == "index":
         from data_pipeline.executors.cpus import available_cpus
         from glm_dist.data.index import index_shard_set
 
-        print(json.dumps(index_shard_set(args.dir, workers=args.workers or available_cpus())))
+        with _folder_lock(args.dir, "glm data index", "DIR"):
+            print(json.dumps(index_shard_set(args.dir, workers=args.workers or available_cpus())))
     elif args.command == "data" and args.data_command == "gettext":
         from data_pipeline.readers.gettext import catalog_paths
         from data_pipeline.translation_pairs import write_pairs
@@ -374,33 +378,74 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "data" and args.data_command == "vectors":
         print(json.dumps(_vectors(args.checkpoint, args.out)))
     elif args.command == "data":
-        from data_pipeline.tokenize.prepare import prepare_shards, prepare_tokenizer
         from glm_dist.config.checks import check_locations
-        from glm_dist.objectives.registry import get_objective
 
         check_locations(cfg)
-
-        d = cfg.data
-        spec = dict(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer, profile=d.tokenizer_profile,
-                    vocab_size=d.vocab_size, val_per_mille=d.val_per_mille, shard_max_bytes=d.shard_max_bytes,
-                    text_field=d.text_field, max_record_mb=d.max_record_mb)
-        if getattr(get_objective(cfg.objective.name), "pairs", False):  # a translation pair set
-            from data_pipeline.tokenize.pairs import PairSpec, prepare_pairs
-
-            manifest = prepare_pairs(PairSpec(source=d.source, out_dir=d.shards_dir, vectors=d.vectors,
-                                              vocab_size=d.vocab_size, target_vocab_size=d.target_vocab_size,
-                                              shard_max_bytes=d.shard_max_bytes, labelled_pairs=d.labelled_pairs))
-            print(json.dumps({"splits": {s: len(v) for s, v in manifest["splits"].items()}, **manifest["source"]}))
-            return 0
-        if args.data_command == "cooccur" or getattr(get_objective(cfg.objective.name), "counts", False):
-            return _cooccur(cfg, spec, stage=getattr(args, "stage", None), task=args.task)
-        if args.prepare_only:
-            print(prepare_tokenizer(**spec))
-            return 0
-        manifest = prepare_shards(workers=d.encode_workers, task=args.task, **spec)
-        if manifest is not None:
-            print(json.dumps({s: len(v) for s, v in manifest["splits"].items()}))
+        with _folder_lock(cfg.data.shards_dir, f"glm data {args.data_command}", "data.shards_dir", task=args.task):
+            return _tokenize(cfg, args)
     return 0
+
+
+def _tokenize(cfg, args: argparse.Namespace) -> int:
+    """``glm data tokenize`` (and ``glm data cooccur``): token shards, translation pairs or counts."""
+    from data_pipeline.tokenize.prepare import prepare_shards, prepare_tokenizer
+    from glm_dist.objectives.registry import get_objective
+
+    d = cfg.data
+    spec = dict(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer, profile=d.tokenizer_profile,
+                vocab_size=d.vocab_size, val_per_mille=d.val_per_mille, shard_max_bytes=d.shard_max_bytes,
+                text_field=d.text_field, max_record_mb=d.max_record_mb)
+    if getattr(get_objective(cfg.objective.name), "pairs", False):  # a translation pair set
+        from data_pipeline.tokenize.pairs import PairSpec, prepare_pairs
+
+        manifest = prepare_pairs(PairSpec(source=d.source, out_dir=d.shards_dir, vectors=d.vectors,
+                                          vocab_size=d.vocab_size, target_vocab_size=d.target_vocab_size,
+                                          shard_max_bytes=d.shard_max_bytes, labelled_pairs=d.labelled_pairs))
+        print(json.dumps({"splits": {s: len(v) for s, v in manifest["splits"].items()}, **manifest["source"]}))
+        return 0
+    if args.data_command == "cooccur" or getattr(get_objective(cfg.objective.name), "counts", False):
+        return _cooccur(cfg, spec, stage=getattr(args, "stage", None), task=args.task)
+    if args.prepare_only:
+        print(prepare_tokenizer(**spec))
+        return 0
+    manifest = prepare_shards(workers=d.encode_workers, task=args.task, **spec)
+    if manifest is not None:
+        print(json.dumps({s: len(v) for s, v in manifest["splits"].items()}))
+    return 0
+
+
+def _train(cfg) -> int:
+    """``glm train``: one writer per ``train.out_dir``. Rank 0 takes the folder's lock and every rank
+    learns the outcome from it (a refusal ends every rank with exit code 2, rank 0 printing the line)."""
+    from glm_dist.parallel import comm
+    from glm_dist.parallel.distributed import init_distributed
+    from glm_dist.train.loop import train
+
+    global _run_dir
+    _run_dir = cfg.train.out_dir
+    dist = init_distributed(timeout_s=cfg.parallel.collective_timeout_s)
+    lock, refusal = None, None
+    if dist.is_main:
+        try:
+            lock = acquire(cfg.train.out_dir, command="glm train", key="train.out_dir")
+        except Exception as err:  # noqa: BLE001 -- every rank must hear of it, or they wait for rank 0
+            refusal = str(err) if isinstance(err, FolderLocked) else f"cannot lock train.out_dir: {err}"
+    refusal = comm.first_error(refusal)
+    if refusal is not None:
+        if dist.is_main:
+            raise FolderLocked(refusal)
+        return 2
+    with held(lock):
+        summary = train(cfg)
+    if dist.is_main:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _folder_lock(folder: str, command: str, key: str, *, task: int | None = None):
+    """The output lock of a data command, unless it runs one task of a SLURM array (``--task``): the
+    array's tasks share the folder, each writing only its own files."""
+    return contextlib.nullcontext() if task is not None else output_lock(folder, command=command, key=key)
 
 
 def _cooccur(cfg, spec: dict, *, stage: str | None, task: int | None) -> int:
@@ -435,19 +480,6 @@ def _vectors(checkpoint: str, out: str) -> dict:
     return {"out": out, "words": write_text(out, words[:len(vectors)], vectors[:len(words)]), "dim": vectors.shape[1]}
 
 
-def _crash_report(command: str, err: BaseException) -> str:
-    """Write the full traceback of an unexpected error to a file; return its path."""
-    import tempfile
-    import time
-    import traceback
-
-    folder = Path(os.environ.get("GLM_CRASH_DIR", tempfile.gettempdir()))
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"glm-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text("".join(traceback.format_exception(err)))
-    return str(path)
-
-
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message is for the user: one line, exit code 2."""
     from data_pipeline.pipeline import PipelineError
@@ -480,6 +512,7 @@ def _main(argv: list[str] | None) -> int:
 
     force_weights_only()  # no torch.load of this process runs pickled code
     logging.basicConfig(level=os.environ.get("GLM_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    redact_process_output()  # no credential in a log line, a warning or fsspec's cache metadata
     argv = sys.argv[1:] if argv is None else argv
     # The deepspeed launcher passes --local_rank=N before our arguments; LOCAL_RANK carries it too.
     for arg in [a for a in argv if a.startswith(("--local_rank=", "--local-rank="))]:
@@ -494,7 +527,7 @@ def _main(argv: list[str] | None) -> int:
             shutdown_distributed()
         return code
     except _user_errors() as err:
-        print(f"glm {command}: error: {err}", file=sys.stderr)
+        print(redact_text(f"glm {command}: error: {err}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"glm {command}: interrupted", file=sys.stderr)
@@ -504,8 +537,9 @@ def _main(argv: list[str] | None) -> int:
         while where is not None and where.tb_next is not None:
             where = where.tb_next
         at = f" at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}" if where else ""
-        print(f"glm {command}: internal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-              f"{at}; full traceback in {_crash_report(command, err)} (please report it)", file=sys.stderr)
+        print(redact_text(f"glm {command}: internal error: {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}{at}; "
+                          f"{write_crash_report(command, err, run_dir=_run_dir)} (please report it)"), file=sys.stderr)
         return 1
 
 
