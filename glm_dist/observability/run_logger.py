@@ -141,5 +141,5 @@ class RunLogger:
             self.bar.close()
         if self.wandb_run is not None:
             for key, value in (summary or {}).items():
-                self.wandb_run.summary[key] = value
+                self.wandb_run.summary[key] = redact(value)
             self.wandb_run.finish()
