@@ -193,10 +193,11 @@ def test_plan_counts_the_loss_by_its_chunk_size():
 
 def test_memory_saved_at_vocab_50257_is_measured_and_planned():
     """The bench beside the plain loss in one process (fp32, 2048 tokens of a 50257 vocabulary):
-    the plain loss holds several (tokens x vocab) fp32 tensors, the fused one a chunk of them."""
+    the plain loss holds several (tokens x vocab) fp32 tensors, the fused one a chunk of them, as
+    the eager chain and as the compiled kernel."""
     proc = subprocess.run([sys.executable, "bench/loss_memory.py", "--tokens", "2048", "--d-model", "64",
-                           "--chunk", "256", "--dtype", "fp32", "--json"], cwd=ROOT, env=clean_env(2),
-                          capture_output=True, text=True, timeout=300)
+                           "--chunk", "256", "--compiled", "--compiled-chunk", "256", "--dtype", "fp32", "--json"],
+                          cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout)
     logits_mib = 2048 * 50257 * 4 / 2**20  # 393 MiB
@@ -204,3 +205,6 @@ def test_memory_saved_at_vocab_50257_is_measured_and_planned():
     assert r["fused"]["peak_mib"] < r["plain"]["peak_mib"] / 5
     assert r["fused"]["peak_mib"] < r["planned_fused_mib"] + 64  # glm plan's count holds, up to the allocator
     assert r["fused"]["loss"] == pytest.approx(r["plain"]["loss"], rel=1e-6) and r["max_grad_diff"] < 1e-6
+    assert r["compiled"]["peak_mib"] < r["plain"]["peak_mib"] / 5
+    assert r["compiled"]["loss"] == pytest.approx(r["plain"]["loss"], rel=1e-6) and r["compiled_max_grad_diff"] < 1e-6
+    assert (r["fused"]["bytes_per_logit"], r["compiled"]["bytes_per_logit"]) == (40, 16)  # fp32: no casts

@@ -32,7 +32,7 @@ of the unpadded model; ``real_logits`` cuts them off a model's output.
 
 Two ways to run a chunk of ``linear_cross_entropy``. On the CPU, a chain of in-place passes over the
 chunk's transposed fp32 logits (cast up, max, subtract, exp, sum, divide, one-hot, scale, cast
-down: ~52 bytes moved per logit element in bf16, ``BYTES_PER_LOGIT``), tuned for its page faults.
+down: 52 bytes moved per logit element in bf16, ``bytes_per_logit``), tuned for its page faults.
 On CUDA (outside a vocabulary split), one ``torch.compile``d function of the chunk (``_softmax_xent_``):
 the 16-bit (n, V) logits in, its NLL out and the logits overwritten by their gradient -- three reads
 and one write of 16-bit elements (~8 bytes), in chunks of ``FUSED_CHUNK_TOKENS``.
@@ -54,14 +54,21 @@ CHUNK_TOKENS = 1024  # rows of fp32 logits per chunk: 1024 x 50257 x 4 B = 196 M
 # Peak bytes per logit element of one chunk (bench/loss_memory.py measures it): the fp32 logits,
 # worked on in place, and their 16-bit copy for the gradient's matmuls.
 CHUNK_BYTES_PER_LOGIT = 6
-# The compiled chunk keeps only its 16-bit logits (overwritten by their gradient), so a chunk of the
-# same memory holds 3x the tokens; larger chunks mean fewer fp32 accumulations of the (V, C) gradient.
+# The compiled chunk keeps only its 16-bit logits, overwritten by their gradient (2 bytes per logit
+# element against the eager chain's 6): 8x the eager chain's tokens for 2.7x its memory, and 8x fewer
+# fp32 accumulations of the (V, C) gradient.
 FUSED_CHUNK_TOKENS = 8192  # 8192 x 50304 x 2 B = 786 MiB
-# Bytes read and written per logit element by one chunk's softmax cross entropy, forward and
-# gradient, 16-bit logits (bench/loss_memory.py counts the eager chain's op by op): the eager chain
-# (copy 2+4, max 4, subtract 8, exp 8, sum 4, divide 8, scale 8, copy back 4+2) and the compiled
-# kernel (max 2, sum of exponentials 2, gradient 2+2).
-BYTES_PER_LOGIT = {"eager": 52, "compiled": 8}
+
+
+def bytes_per_logit(*, compiled: bool, itemsize: int) -> int:
+    """Bytes one chunk's softmax cross entropy (forward and gradient) reads and writes per logit element
+    of ``itemsize`` bytes, counted from its passes (``bench/loss_memory.py`` prints it): the eager
+    chain's fp32 passes (max 4, subtract 8, exp 8, sum 4, divide 8, scale 8) and, for 16-bit logits,
+    the casts up and back (2+4, 4+2): 52 in bf16; the compiled kernel's three reads (max, sum of
+    exponentials, gradient) and one write (the gradient): 8 in bf16."""
+    if compiled:
+        return 4 * itemsize
+    return 40 + (12 if itemsize < 4 else 0)
 
 
 @dataclass(frozen=True)
