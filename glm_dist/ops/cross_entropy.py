@@ -33,14 +33,15 @@ of the unpadded model; ``real_logits`` cuts them off a model's output.
 Two ways to run a chunk of ``linear_cross_entropy``. On the CPU, a chain of in-place passes over the
 chunk's transposed fp32 logits (cast up, max, subtract, exp, sum, divide, one-hot, scale, cast
 down: 52 bytes moved per logit element in bf16, ``bytes_per_logit``), tuned for its page faults.
-On CUDA (outside a vocabulary split), one ``torch.compile``d function of the chunk (``_softmax_xent_``):
-the 16-bit (n, V) logits in, its NLL out and the logits overwritten by their gradient -- three reads
-and one write of 16-bit elements (~8 bytes), in chunks of ``FUSED_CHUNK_TOKENS``.
+On CUDA (with Triton, outside a vocabulary split), one ``torch.compile``d function of the chunk
+(``_softmax_xent_``): the 16-bit (n, V) logits in, its NLL out and the logits overwritten by their
+gradient -- three reads and one write of 16-bit elements (8 bytes), in chunks of ``FUSED_CHUNK_TOKENS``.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -367,12 +368,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     """NLL of ``targets`` under ``softmax(hidden @ weight.T + bias)``: hidden (..., C), weight
     (V, C), targets (...) -> ``LinearCE`` (summed NLL, per-row NLL, count); the mean loss is
     ``nll / count.clamp(min=1)``. Inside ``vocab_split`` weight (and bias) are this rank's rows.
-    ``compiled``: each chunk through the compiled kernel (None: on CUDA, outside a vocabulary split,
-    whose all-reduces fall between the kernel's reductions); ``chunk_tokens`` (None):
+    ``compiled``: each chunk through the compiled kernel (None: on CUDA with Triton, outside a vocabulary
+    split, whose all-reduces fall between the kernel's reductions); ``chunk_tokens`` (None):
     ``FUSED_CHUNK_TOKENS`` for it, ``CHUNK_TOKENS`` for the eager chain."""
     split = _active(weight.shape[0])
     if compiled is None:
-        compiled = hidden.is_cuda and split is None
+        compiled = hidden.is_cuda and split is None and importlib.util.find_spec("triton") is not None
     if compiled and split is not None:
         raise ValueError("the compiled loss kernel runs outside a vocabulary split (compiled=None picks the eager "
                          "chain there)")
