@@ -1,5 +1,8 @@
 """Rank-0 run logging: ``metrics.jsonl`` (every step), a progress bar, and Weights & Biases.
 
+A train row at a log line (``logging.log_interval``) on a GPU also carries the device memory
+readings of ``device_memory.py``; the progress bar keeps showing the latest ones.
+
 W&B is offline unless an API key is set (``logging.wandb_mode: auto``); the run id is kept in
 ``<out_dir>/wandb_run_id`` so a resumed job continues the same W&B run.
 """
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from glm_dist.config.loader import to_dict
 from glm_dist.config.schema import Config
+from glm_dist.observability.device_memory import memory_postfix, wandb_key
 from glm_dist.observability.redact import redact
 
 
@@ -22,6 +26,7 @@ class RunLogger:
         self.out_dir = Path(cfg.train.out_dir)
         self.metrics_file = self.out_dir / "metrics.jsonl"
         self.bar = self.wandb_run = None
+        self.memory_postfix: dict[str, str] = {}  # the latest device memory reading, for the bar
         if not is_main:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,12 +90,13 @@ class RunLogger:
         if not self.is_main:
             return
         self._append({"kind": "train", "step": step, **metrics})
+        self.memory_postfix = memory_postfix(metrics) or self.memory_postfix
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
-                                 refresh=False)
+                                 **self.memory_postfix, refresh=False)
         if step % self.cfg.logging.log_interval == 0 and self.wandb_run is not None:
-            self.wandb_run.log({f"train/{k}": v for k, v in metrics.items()}, step=step)
+            self.wandb_run.log({wandb_key(k): v for k, v in metrics.items()}, step=step)
 
     def validation(self, step: int, metrics: dict) -> None:
         if not self.is_main:
