@@ -10,7 +10,8 @@ does not move between runs -- a GPU's datasheet figure, or on the CPU ``CPU_REFE
     python bench/train_throughput.py --n-layer 12 --rounds 3   # full GPT-2 small
     python bench/train_throughput.py --compile --modes fp32,bf16   # + our step with compiled blocks
     python bench/train_throughput.py --n-layer 12 --seq-len 1024 --batch 2 --modes bf16 --profile
-        # + where our step's time goes: torch.profiler's self time per operator, grouped
+        # + where our step's time goes: on the CPU its self time per operator group; on a GPU the
+        # kernels' time per kind (gemm, attention, ...) and the GPU's idle share of the step
 
 On a GPU (picked automatically when CUDA is available; DeepSpeed then uses nccl) the same table is
 the issue's MFU figure of a GPT-2 124M bf16 step, against the measured and the datasheet peak:
@@ -21,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import re
 import statistics
 import time
+from typing import Iterable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,15 +48,22 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_REFERENCE_PEAK = {torch.float32: 433e9, torch.bfloat16: 2727e9}
 
 
-def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compile: bool = False):
-    """Our trainer's step: the DeepSpeed engine and the clm objective's loss (the fused, chunked
-    cross entropy); ``compile``: the blocks compiled as ``train.compile=true`` does (inductor)."""
+def build_ours(cfg_model, precision: str, batch: int, *, zero_stage: int = 0, lr: float = 1e-4,
+               compile: bool = False):
+    """Our trainer's DeepSpeed engine (AdamW, grad clip 1.0) of a GPT built on the device; ``compile``:
+    the blocks compiled as ``train.compile=true`` does (inductor)."""
     cfg = load_config(None, [f"train.precision={precision}", f"train.micro_batch_size={batch}",
-                             "parallel.zero_stage=0", "train.grad_clip=1.0", f"train.lr={lr}"])
-    model = GPT(cfg_model)
+                             f"parallel.zero_stage={zero_stage}", "train.grad_clip=1.0", f"train.lr={lr}"])
+    with torch.device(DEVICE):
+        model = GPT(cfg_model)
     if compile:
         compile_blocks(model)
-    engine = build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
+    return build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
+
+
+def engine_step_fn(engine, precision: str):
+    """Our trainer's step on ``engine``: the clm objective's loss (the fused, chunked cross entropy),
+    backward, the optimizer step."""
     ctx = torch.autocast(DEVICE, dtype=torch.bfloat16) if precision == "bf16-autocast" else contextlib.nullcontext()
 
     def step(x, y):
@@ -63,6 +74,10 @@ def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compil
         return loss.item()
 
     return step
+
+
+def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compile: bool = False):
+    return engine_step_fn(build_ours(cfg_model, precision, batch, lr=lr, compile=compile), precision)
 
 
 def hf_step_fn(cfg_model, precision: str, lr: float = 1e-4):
@@ -128,7 +143,7 @@ def tokens_per_s(mode: str, mcfg, args, x, y) -> dict[str, float]:
     return {name: args.batch * args.seq_len / statistics.median(t) for name, t in times.items()}
 
 
-# Operator groups of the profile (regular expressions over torch.profiler's operator names, first match).
+# Operator groups of a CPU profile (regular expressions over torch.profiler's operator names, first match).
 PROFILE_GROUPS = [
     ("matmuls (linear, mm, bmm)", r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_weight_int|mkldnn)"),
     ("attention (SDPA kernels)", r"scaled_dot_product|flash_attention|_efficient_attention|_sdpa"),
@@ -139,35 +154,141 @@ PROFILE_GROUPS = [
     ("elementwise (add, mul, dropout, ...)", r"aten::(add|add_|mul|mul_|div|div_|where|masked_fill|zero_|fill_|sum|mean)"),
 ]
 
+# Kinds of GPU kernel (regular expressions over kernel names, case-insensitive, first match): NCCL's
+# kernels before the reductions (AllReduce), flash and memory-efficient attention before gemm (their
+# names say cutlass too), the optimizer's multi-tensor kernels before the reductions (the grad norm's
+# LpNorm), cuBLAS's gemms (nvjet on Hopper, xmma, cutlass) before the reductions (its splitKreduce),
+# inductor's templates / reductions / pointwise kernels by their prefixes; the rest is "other".
+KERNEL_KINDS = [
+    ("memcpy", r"^mem(cpy|set)\b"),
+    ("communication", r"nccl"),
+    ("attention", r"flash|fmha|attention|sdpa"),
+    ("optimizer", r"adam|multi_tensor_apply|foreach|lamb"),
+    ("gemm", r"gemm|gemv|nvjet|xmma|cutlass|cublas|triton_tem_"),
+    ("reduction", r"reduce|softmax|layer_?norm|rms_?norm|nll_loss|logsumexp|cross_entropy|welford|cub::|triton_(red|per)_"),
+    ("elementwise / cast", r"elementwise|vectorized|unrolled|copy|cast|fill|catarray|index|gather|scatter|embedding|"
+                           r"gelu|dropout|triton_poi_"),
+]
 
-def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> None:
-    """torch.profiler over ``steps`` of our step after one warm-up: self time per operator group, and
-    the top operators, so the README can say where the time goes."""
-    import re
 
+class EventRow(NamedTuple):
+    """One row of ``prof.events()``: a CPU operator's, or a kernel's (or memcpy's) on the device."""
+    name: str
+    on_device: bool  # a kernel, memcpy or memset on the GPU's timeline (not a user annotation mirrored there)
+    start_us: float
+    end_us: float
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, rx in KERNEL_KINDS if re.search(rx, name, re.IGNORECASE)), "other")
+
+
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Time covered by at least one interval: kernels of two streams that overlap count once."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def device_profile(rows: Iterable[EventRow], wall_us: float, *, top: int = 12) -> dict:
+    """Device-only accounting of profiled steps that took ``wall_us``: kernel time per kind, the top
+    kernels, and the GPU's idle share of the wall time (1 - busy / wall). CPU operator rows are left
+    out: their self device time is their kernels' time again (counting both counted every kernel
+    twice, and the kernel rows fell into "other")."""
+    kernels = [r for r in rows if r.on_device]
+    kinds = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    by_name: dict[str, float] = {}
+    for r in kernels:
+        kinds[kernel_kind(r.name)] += r.end_us - r.start_us
+        by_name[r.name] = by_name.get(r.name, 0.0) + r.end_us - r.start_us
+    busy = busy_us([(r.start_us, r.end_us) for r in kernels])
+    return {"kernel_us": sum(kinds.values()), "busy_us": busy, "wall_us": wall_us,
+            "idle_share": max(0.0, 1.0 - busy / wall_us) if wall_us > 0 else None, "kinds_us": kinds,
+            "top_us": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:top])}
+
+
+def cpu_profile(ops: Iterable[tuple[str, float]], *, top: int = 12) -> dict:
+    """CPU self time per operator group of ``(operator, self us)`` rows (self times: no overlap)."""
+    ops = list(ops)
+    groups = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
+    for key, t in ops:
+        groups[next((n for n, rx in PROFILE_GROUPS if re.search(rx, key)), "other")] += t
+    return {"self_us": sum(groups.values()), "kinds_us": groups,
+            "top_us": dict(sorted(ops, key=lambda kv: -kv[1])[:top])}
+
+
+def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> dict:
+    """torch.profiler over ``steps`` of our step after one warm-up; prints where the time goes and
+    returns it. On a GPU: kernel time per kind and the GPU's idle share (:func:`device_profile`); on
+    the CPU: CPU self time per operator group (:func:`cpu_profile`)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     step = ours_step_fn(mcfg, mode, args.batch)
     step(x, y)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
     with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
         for _ in range(steps):
-            step(x, y)
-    attr = "self_device_time_total" if DEVICE == "cuda" else "self_cpu_time_total"
-    ops = [(e.key, getattr(e, attr)) for e in prof.key_averages()]
-    total = sum(t for _, t in ops) or 1
-    groups = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
-    for key, t in ops:
-        name = next((n for n, rx in PROFILE_GROUPS if re.search(rx, key)), "other")
-        groups[name] += t
-    print(f"\nwhere our {mode} step's time goes ({steps} profiled steps, "
-          f"{'device' if DEVICE == 'cuda' else 'CPU'} self time {total / 1e6 / steps:.2f} s per step):\n")
-    print("| operator group | share | s per step |\n|---|---|---|")
-    for name, t in sorted(groups.items(), key=lambda kv: -kv[1]):
+            step(x, y)  # ends in loss.item(): the device is done when it returns
+        wall_us = (time.perf_counter() - t0) * 1e6
+    if DEVICE == "cuda":
+        out = device_profile([EventRow(e.name, e.device_type == DeviceType.CUDA and not e.is_user_annotation,
+                                       e.time_range.start, e.time_range.end) for e in prof.events()], wall_us)
+        total, what = out["kernel_us"], "GPU kernel time"
+        extra = f"; GPU busy {out['busy_us'] / wall_us:.1%} of the wall time, idle {out['idle_share']:.1%}"
+    else:
+        out = cpu_profile((e.key, e.self_cpu_time_total) for e in prof.key_averages())
+        total, what, extra = out["self_us"], "CPU self time", ""
+    out |= {"device": DEVICE, "steps": steps, "wall_s_per_step": wall_us / 1e6 / steps}
+    total = total or 1
+    print(f"\nwhere our {mode} step's time goes ({steps} profiled steps, {wall_us / 1e6 / steps:.3f} s per step; "
+          f"{what} {total / 1e6 / steps:.3f} s per step{extra}):\n")
+    print("| group | share | s per step |\n|---|---|---|")
+    for name, t in sorted(out["kinds_us"].items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {t / total:.1%} | {t / 1e6 / steps:.3f} |")
-    print("\n| top operators | share |\n|---|---|")
-    for key, t in sorted(ops, key=lambda kv: -kv[1])[:12]:
-        print(f"| `{key}` | {t / total:.1%} |")
+    print(f"\n| top {'kernels' if DEVICE == 'cuda' else 'operators'} | share |\n|---|---|")
+    for key, t in out["top_us"].items():
+        print(f"| `{key[:120]}` | {t / total:.1%} |")
+    return out
+
+
+def compare(mcfg, flops_per_token: float, args, x, y, report: dict) -> None:
+    """The table: our step's tokens/s and MFU beside transformers', per mode, into ``report["rows"]``."""
+    peaks = {dtype: measure_matmul_peak(dtype, DEVICE, sizes=PEAK_SIZES[DEVICE], repeats=5, budget_s=args.peak_budget_s)
+             for dtype in DTYPE_NAMES}
+    print(f"GPT-2 config: {mcfg.n_layer} layers, d_model {mcfg.d_model}, {mcfg.n_head} heads, vocab {mcfg.vocab_size}; "
+          f"batch {args.batch} x seq {args.seq_len}; {report['device']}")
+    print(f"measured matmul peak (best of n = {', '.join(map(str, PEAK_SIZES[DEVICE]))} -- the sizes that fit in "
+          f"{args.peak_budget_s:.0f} s --, 5 repeats each): "
+          + ", ".join(f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})" for d, name in DTYPE_NAMES.items()))
+    print("reference peak: " + ", ".join(f"{name} {reference_peak(name) / 1e9:,.0f} GFLOP/s" if reference_peak(name)
+                                         else f"{name} unknown" for name in DTYPE_NAMES.values()) + "\n")
+    report["measured_peak_tflops"] = {DTYPE_NAMES[d]: p.flops / 1e12 for d, p in peaks.items()}
+    print("| dtype | glm-dist tokens/s | transformers tokens/s | ratio | MFU glm-dist | MFU transformers "
+          "| MFU glm-dist (reference peak) | MFU transformers (reference peak) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode in args.modes.split(","):
+        rates = tokens_per_s(mode, mcfg, args, x, y)
+        measured, reference = peaks[matmul_dtype(mode)].flops, reference_peak(mode)
+        peer = "autocast" if mode != "fp32" else "fp32"
+        theirs = rates["transformers"]
+        for name, label in (("ours", f"{mode} (peer: {peer})"), ("compiled", f"{mode}, compiled blocks (peer: {peer})")):
+            if name not in rates:
+                continue
+            ours = rates[name]
+            mfu = {f"mfu_{who}_{which}": flops_per_token * tps / peak if peak else None
+                   for which, peak in (("measured", measured), ("reference", reference))
+                   for who, tps in (("ours", ours), ("transformers", theirs))}
+            report["rows"][label] = {"tokens_per_s": ours, "transformers_tokens_per_s": theirs,
+                                     "ratio": ours / theirs, **mfu}
+            cells = [f"{v:.1%}" if v is not None else "n/a" for v in mfu.values()]
+            print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {' | '.join(cells)} |")
+        if "compiled" in rates:
+            print(f"|   compiled / eager ({mode}) | | | {rates['compiled'] / rates['ours']:.2f}x | | | | |")
 
 
 def main() -> None:
@@ -182,6 +303,11 @@ def main() -> None:
     ap.add_argument("--modes", default="fp32,bf16,bf16-autocast")
     ap.add_argument("--profile", action="store_true",
                     help="then profile our step at each mode and print where its time goes")
+    ap.add_argument("--profile-only", action="store_true",
+                    help="only the profile of our step at each mode: no comparison, no peak measurement")
+    ap.add_argument("--peak-budget-s", type=float, default=PEAK_BUDGET_S,
+                    help="seconds the matmul peak measurement may take (the sizes that fit)")
+    ap.add_argument("--json", help="also write the table's rows and the profile to this JSON file")
     ap.add_argument("--compile", action="store_true",
                     help="also time our step with compiled blocks (train.compile=true, inductor): a row per mode")
     args = ap.parse_args()
@@ -194,36 +320,17 @@ def main() -> None:
         flops_per_token = GPT(mcfg).num_flops_per_token(args.seq_len)
     x = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
     y = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
-    peaks = {dtype: measure_matmul_peak(dtype, DEVICE, sizes=PEAK_SIZES[DEVICE], repeats=5, budget_s=PEAK_BUDGET_S)
-             for dtype in DTYPE_NAMES}
-    print(f"GPT-2 config: {mcfg.n_layer} layers, d_model {mcfg.d_model}, {mcfg.n_head} heads, vocab {mcfg.vocab_size}; "
-          f"batch {args.batch} x seq {args.seq_len}; "
-          + (torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU threads {torch.get_num_threads()}"))
-    print(f"measured matmul peak (best of n = {', '.join(map(str, PEAK_SIZES[DEVICE]))} -- the sizes that fit in "
-          f"{PEAK_BUDGET_S:.0f} s --, 5 repeats each): "
-          + ", ".join(f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})" for d, name in DTYPE_NAMES.items()))
-    print("reference peak: " + ", ".join(f"{name} {reference_peak(name) / 1e9:,.0f} GFLOP/s" if reference_peak(name)
-                                         else f"{name} unknown" for name in DTYPE_NAMES.values()) + "\n")
-    print("| dtype | glm-dist tokens/s | transformers tokens/s | ratio | MFU glm-dist | MFU transformers "
-          "| MFU glm-dist (reference peak) | MFU transformers (reference peak) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for mode in args.modes.split(","):
-        rates = tokens_per_s(mode, mcfg, args, x, y)
-        measured, reference = peaks[matmul_dtype(mode)].flops, reference_peak(mode)
-        peer = "autocast" if mode != "fp32" else "fp32"
-        theirs = rates["transformers"]
-        for name, label in (("ours", f"{mode} (peer: {peer})"), ("compiled", f"{mode}, compiled blocks (peer: {peer})")):
-            if name not in rates:
-                continue
-            ours = rates[name]
-            mfu = [f"{flops_per_token * tps / peak:.1%}" if peak else "n/a"
-                   for peak in (measured, reference) for tps in (ours, theirs)]
-            print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {' | '.join(mfu)} |")
-        if "compiled" in rates:
-            print(f"|   compiled / eager ({mode}) | | | {rates['compiled'] / rates['ours']:.2f}x | | | | |")
-    if args.profile:
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU threads {torch.get_num_threads()}"
+    report = {"device": where, "n_layer": mcfg.n_layer, "d_model": mcfg.d_model, "batch": args.batch,
+              "seq_len": args.seq_len, "rows": {}, "profile": {}}
+    if not args.profile_only:
+        compare(mcfg, flops_per_token, args, x, y, report)
+    if args.profile or args.profile_only:
         for mode in args.modes.split(","):
-            profile_step(mode, mcfg, args, x, y)
+            report["profile"][mode] = profile_step(mode, mcfg, args, x, y)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
