@@ -27,7 +27,6 @@ from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model, family, resolve
 from glm_dist.objectives.base import to_device
 from glm_dist.objectives.registry import get_objective, options_from_config
-from glm_dist.observability.device_memory import device_memory
 from glm_dist.observability.flops import mfu_peak
 from glm_dist.ops.cross_entropy import vocab_split
 from glm_dist.observability.plots import plot_loss_curve
@@ -341,8 +340,10 @@ class Trainer:
             self.engine.backward(loss)
             if i == len(batches) - 1:  # every rank agrees, or their weights diverge
                 stats[2] = float(self.stop.received is not None)
-                loss_sum, bad, stop = comm.all_reduce_(stats).tolist()  # the step's one host sync
-                self._flush_log()  # the previous step's row: its grad norm is ready now
+                pending = self._pending[2] if self._pending else None  # the previous step's grad norm
+                extra = [pending.detach().reshape(1).to(stats)] if torch.is_tensor(pending) else []
+                loss_sum, bad, stop, *norm = torch.cat([comm.all_reduce_(stats), *extra]).tolist()  # the one host sync
+                self._flush_log(*norm)  # the previous step's row, its grad norm read in the same sync
                 self.optimizer.skip_next = bad > 0  # read by the optimizer step at the boundary
             self.engine.step()
         self.optimizer.skip_next = False
@@ -387,16 +388,17 @@ class Trainer:
                    "epoch": self.loader.epoch, "skipped_steps": self.state.skipped_steps}
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
-        if self.state.step % self.cfg.logging.log_interval == 0:  # the peaks since the last log line
-            metrics.update(device_memory(self.engine.device) or {})
         self._flush_log()
         self._pending = (self.state.step, metrics, self.engine.get_global_grad_norm())
 
-    def _flush_log(self) -> None:
+    def _flush_log(self, grad_norm: float | None = None) -> None:
+        """Write the queued row; ``grad_norm``: its grad norm when the step's sync has read it already."""
         if self._pending is not None:
-            step, metrics, grad_norm = self._pending
+            step, metrics, norm = self._pending
             self._pending = None
-            metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else None
+            if grad_norm is None and norm is not None:
+                grad_norm = float(norm)
+            metrics["grad_norm"] = grad_norm
             self.log.train_step(step, metrics)
 
     def validate(self) -> dict:
