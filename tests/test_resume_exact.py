@@ -35,6 +35,8 @@ def masters(trainer):
 def weights(trainer):
     params = list(trainer.engine.module.parameters())
     zero3 = hasattr(params[0], "ds_id")
+    if zero3:  # the last validation's prefetched parameters are still in flight: gathering them again fails
+        trainer.engine.empty_partition_cache()
     with deepspeed.zero.GatheredParameters(params) if zero3 else contextlib.nullcontext():
         return {n: p.detach().float().clone() for n, p in trainer.engine.module.named_parameters()}
 
