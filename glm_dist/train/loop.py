@@ -27,6 +27,7 @@ from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.registry import build_model, family, resolve
 from glm_dist.objectives.base import to_device
 from glm_dist.objectives.registry import get_objective, options_from_config
+from glm_dist.observability.device_memory import device_memory
 from glm_dist.observability.flops import mfu_peak
 from glm_dist.ops.cross_entropy import vocab_split
 from glm_dist.observability.plots import plot_loss_curve
@@ -388,6 +389,8 @@ class Trainer:
                    "epoch": self.loader.epoch, "skipped_steps": self.state.skipped_steps}
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
+        if self.state.step % self.cfg.logging.log_interval == 0:  # the peaks since the last log line
+            metrics.update(device_memory(self.engine.device) or {})
         self._flush_log()
         self._pending = (self.state.step, metrics, self.engine.get_global_grad_norm())
 
