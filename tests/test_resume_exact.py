@@ -49,8 +49,8 @@ overrides = json.loads(overrides)
 for combo in combos:
     precision, zero = combo.split(":")
     def trainer(name, *extra):
-        return Trainer(load_config(config, [*overrides, f"data.shards_dir={shards}", f"train.out_dir={root}/{combo}-{name}",
-                                            f"train.precision={precision}", f"parallel.zero_stage={zero}",
+        return Trainer(load_config(config, [*overrides, f"data.shards_dir={shards}", f"train.precision={precision}",
+                                            f"train.out_dir={root}/{combo}-{name}", f"parallel.zero_stage={zero}",
                                             f"train.max_steps={steps}", *extra]))
     straight = trainer("straight", f"train.save_interval={saved_at}")
     fresh = not any(fragments.base_optimizer(straight.engine).state.values())  # no step before the first

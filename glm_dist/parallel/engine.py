@@ -69,8 +69,9 @@ class OnDeviceChecks:
     def _deferred(self):
         """The wrappers' modules call our check and clip while the step runs."""
         swapped = []
+        ours_by_name = {"is_invalid_grad_norm": self._invalid, "clip_tensors_by_global_norm": clip_on_device}
         for module in map(importlib.import_module, WRAPPER_MODULES):
-            for name, ours in (("is_invalid_grad_norm", self._invalid), ("clip_tensors_by_global_norm", clip_on_device)):
+            for name, ours in ours_by_name.items():
                 if hasattr(module, name):
                     swapped.append((module, name, getattr(module, name)))
                     setattr(module, name, ours)
