@@ -1,6 +1,7 @@
 """The DeepSpeed JSON, derived from the one config tree (never written by hand; gpt-neox habit)."""
 from __future__ import annotations
 
+from glm_dist.config.checks import model_config
 from glm_dist.config.schema import Config
 
 
@@ -24,6 +25,7 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1, cuda: bool | None = None)
         # (two bucket buffers instead of one). ZeRO-1 keeps it off: bf16 + ZeRO-1 runs BF16_Optimizer,
         # which does not use it, and fp32 + ZeRO-1 with it is untested here.
         zero.update(overlap_comm=p.zero_stage >= 2, contiguous_gradients=True)
+        zero.update(zero_buffers(model_config(cfg).d_model, stage))
     # Offloaded tensors live in pinned host memory on CUDA, so the copies to and from the GPU run
     # asynchronously at full PCIe speed; with the CPU as the accelerator there is no copy to speed up.
     if p.offload_optimizer:  # ZeRO-Offload: fp32 master weights and moments on the CPU
@@ -53,3 +55,19 @@ def deepspeed_config(cfg: Config, *, dp_size: int = 1, cuda: bool | None = None)
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+
+
+def zero_buffers(d_model: int, stage: int) -> dict[str, int]:
+    """ZeRO's buffer sizes, in elements, for a model ``d_model`` wide: Hugging Face's rule for
+    DeepSpeed's "auto" values, never above DeepSpeed's own defaults. Those defaults are sized for
+    10B+ models: ZeRO-2's two 5e8-element reduce buckets alone are 2 GB of bf16 whatever the model.
+    Gradients are reduced ``d_model**2`` at a time; ZeRO-3 prefetches ``0.9 d_model**2`` parameters,
+    keeps gathered only those it reuses within as many, and keeps whole on every rank only tensors
+    of at most ``10 d_model`` elements (biases, norms). ``glm plan`` counts these buffers."""
+    square = d_model * d_model
+    sizes = {"reduce_bucket_size": min(square, 5 * 10**8)}
+    if stage == 3:
+        near = min(int(0.9 * square), 5 * 10**7)
+        sizes.update(stage3_prefetch_bucket_size=near, stage3_max_reuse_distance=near,
+                     stage3_param_persistence_threshold=min(10 * d_model, 10**5))
+    return sizes
