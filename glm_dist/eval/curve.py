@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from glm_dist.eval.harness import GlmLM, HarnessError, evaluate, task_manager
+from glm_dist.models.common import count_parameters
 
 
 def parse_curve(spec: str) -> list[int]:
@@ -48,7 +49,7 @@ def run_curve(checkpoints: list[str], tasks: list[str], ks: list[int], *, includ
     curve = {"tasks": tasks, "ks": ks, "limit": limit, "checkpoints": [], "points": []}
     for checkpoint in checkpoints:
         lm = GlmLM(checkpoint, batch_size=batch_size)
-        params = sum(p.numel() for p in lm.model.parameters())
+        params = count_parameters(lm.model)
         curve["checkpoints"].append({"checkpoint": checkpoint, "params": params})
         for k in ks:
             results = evaluate(lm, tasks, manager, num_fewshot=k, limit=limit)

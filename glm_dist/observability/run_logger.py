@@ -17,7 +17,7 @@ from pathlib import Path
 from glm_dist.config.loader import to_dict
 from glm_dist.config.schema import Config
 from glm_dist.observability.device_memory import memory_postfix, wandb_key
-from glm_dist.observability.redact import redact
+from glm_dist.observability.redact import redact, redact_text
 
 
 class RunLogger:
@@ -137,6 +137,7 @@ class RunLogger:
     def message(self, text: str) -> None:
         if not self.is_main:
             return
+        text = redact_text(text)  # a message may quote a location from the config
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
         else:

@@ -24,6 +24,7 @@ from glm_dist.data.shared import TensorShared
 from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import byte_length_table, evaluate
+from glm_dist.models.common import count_parameters
 from glm_dist.models.registry import build_model, family, resolve
 from glm_dist.objectives.base import to_device
 from glm_dist.objectives.registry import get_objective, options_from_config
@@ -251,7 +252,7 @@ class Trainer:
     def fit(self) -> dict:
         t, start = self.cfg.train, self.state.step
         self.log.message(f"model: {self.cfg.model.family}/{self.cfg.model.flavor}, "
-                         f"{sum(p.numel() for p in self.engine.module.parameters()):,} parameters; "
+                         f"{count_parameters(self.engine.module):,} parameters; "
                          f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
                          + (f"; {self.topo.describe()}" if self.topo.world_size > self.topo.data else "")
                          + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else "")
