@@ -5,9 +5,19 @@ Model states follow DeepSpeed's own accounting for mixed-precision Adam (its
 16-bit grads, fp32 grads, fp32 master weights and Adam moments; ZeRO-1 partitions the fp32 states,
 ZeRO-2 the 16-bit grads too, ZeRO-3 everything (plus 4 bytes per parameter of the largest layer,
 gathered while it runs); offload moves the partitioned states (and with ``offload_params`` the
-weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead. bf16 with ZeRO-1 (no
-offload) is DeepSpeed's BF16_Optimizer, which partitions only the master weights and moments: every rank
+weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead (4 + 4 + 12 under ZeRO,
+whose fp32 master partition is a copy). bf16 with ZeRO-0 or 1 (no offload) is DeepSpeed's BF16_Optimizer
+(glm train runs bf16 ZeRO-0 as ZeRO-1), which partitions only the master weights and moments: every rank
 holds 2 + 2 + 4 bytes per parameter of weights, bf16 gradients and fp32 gradient accumulation buffer.
+
+Those are DeepSpeed's estimators' model states. What a rank holds at its peak is one of two moments
+(:func:`phase_bytes`): the backward, with the activations, the gradients made so far and ZeRO's reduce
+buckets (sized by ``config/deepspeed_json.py``'s ``zero_buffers``); or, once the activations are freed,
+the gradient reduction and the optimizer step, with the flat copies DeepSpeed makes of the gradients
+(the engine's all-reduce at ZeRO-0/1; at ZeRO-1-3 the gradient partition flattened and cast to fp32
+for the master weights). ZeRO-2/3 on one data-parallel rank partitions nothing: what it holds less
+than ZeRO-0/1 there is BF16_Optimizer's fp32 accumulation buffer -- it accumulates gradients in bf16,
+the trade glm train declines -- so such a layout is marked and never recommended.
 
 With pipeline parallelism a rank holds one stage's parameters (the layers split evenly by count, as
 glm train partitions them; the tied token embedding sits on the first and the last stage); with tensor
@@ -32,9 +42,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from glm_dist.config.deepspeed_json import zero_buffers
 from glm_dist.ops.cross_entropy import CHUNK_TOKENS, loss_logits_bytes
 
 GB = 2**30
+# DeepSpeed's engine all-reduces the gradients of ZeRO-0/1 from flat copies of up to this many
+# elements at a time (MEMORY_OPT_ALLREDUCE_SIZE in deepspeed/runtime/engine.py; not configurable).
+ALLREDUCE_ELEMENTS = 5 * 10**8
 
 
 @dataclass(frozen=True)
@@ -157,13 +171,17 @@ class Layout:
     bubble: float = 0.0
     micro_batches: int = 1
     sequence_parallel: bool = False  # the LayerNorm / dropout regions cut along the sequence (tp > 1, no pipeline)
+    backward: float = 0.0  # bytes per GPU held through the backward besides activations (phase_bytes)
+    step: float = 0.0  # bytes per GPU held in the gradient reduction and optimizer step after it
+    saves_nothing: bool = False  # ZeRO-2/3 on one data-parallel rank: partitions nothing
 
     @property
     def model_states(self) -> float:
         return self.weights + self.grads + self.optimizer
 
     def total(self, checkpointing: bool) -> float:
-        return self.model_states + (self.activations_ckpt if checkpointing else self.activations)
+        """The peak per GPU: the backward (activations alive) or the step after it."""
+        return max(self.backward + (self.activations_ckpt if checkpointing else self.activations), self.step)
 
 
 def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, offload: str,
@@ -171,10 +189,11 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
     """(weights, grads, optimizer states, CPU) bytes per GPU for ``params`` parameters on a rank.
 
     bf16 (DeepSpeed's 18 bytes beside the 16-bit weights): grads 2 (16-bit) + 4 (fp32), optimizer
-    4 (fp32 master) + 8 (Adam moments). fp32: weights 4, grads 4, moments 8."""
-    if precision == "bf16" and zero == 1 and offload == "none":
+    4 (fp32 master) + 8 (Adam moments). fp32: weights 4, grads 4, moments 8 (and under ZeRO the fp32
+    master partition, a copy of the weights, 4)."""
+    if precision == "bf16" and zero <= 1 and offload == "none":
         return bf16_optimizer_bytes(params, dp)
-    w16, g16, g32, states = (4, 4, 0, 8) if precision == "fp32" else (2, 2, 4, 12)
+    w16, g16, g32, states = (4, 4, 0, 8 if zero == 0 else 12) if precision == "fp32" else (2, 2, 4, 12)
     if zero == 0:
         return w16 * params, (g16 + g32) * params, states * params, 0.0
     if zero == 1:
@@ -196,13 +215,56 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
 
 def bf16_optimizer_bytes(params: float, dp: int) -> tuple[float, float, float, float]:
     """(weights, grads, optimizer states, CPU) bytes per GPU under DeepSpeed's BF16_Optimizer (bf16 +
-    ZeRO-1 with ``data_types.grad_accum_dtype=fp32``; deepspeed/runtime/bf16_optimizer.py).
+    ZeRO-0 or 1 with ``data_types.grad_accum_dtype=fp32``; deepspeed/runtime/bf16_optimizer.py).
 
     Per parameter of the stage: the bf16 weights (2); the bf16 gradients autograd leaves on them,
     alive from the backward to the optimizer step (2); the fp32 accumulation buffer, one flat tensor
     for the whole stage-local model that is not partitioned -- every data-parallel rank holds all of
     it (4); and only the fp32 master weights and Adam moments split over the ``dp`` ranks (12 / dp)."""
     return 2 * params, (2 + 4) * params, 12 * params / dp, 0.0
+
+
+def phase_bytes(params: float, largest_layer: float, dp: int, zero: int, offload: str, precision: str = "bf16",
+                *, d_model: int) -> tuple[float, float]:
+    """(backward, step): bytes per GPU of model states and DeepSpeed's buffers for ``params``
+    parameters on a rank (besides activations) while the backward runs -- the gradients it has made,
+    the reduce buckets, a gradient larger than a bucket reduced on its own (the largest layer's) --
+    and in the gradient reduction and optimizer step after it. Measured against the engine's own
+    tensors, ZeRO 0-3 in bf16 on 1 and 2 ranks (tests/test_plan_matches_engine.py)."""
+    e = 4 if precision == "fp32" else 2  # bytes of a weight or gradient element
+    sizes = zero_buffers(d_model, zero)
+    bucket = e * sizes["reduce_bucket_size"]
+    w, g, o, _ = model_state_bytes(params, largest_layer, dp, zero, offload, precision)
+    partition = params / dp
+    if zero == 3:
+        return zero3_phase_bytes(partition, largest_layer, dp, o, offload, e=e, bucket=bucket,
+                                 near=sizes["stage3_prefetch_bucket_size"])
+    buckets = (2 if zero == 2 else 1) * bucket  # ZeRO-2 overlaps: two buckets
+    if offload != "none":  # gradients stream to the CPU step through the buckets and a largest-tensor buffer
+        return w + g + buckets + 2 * e * largest_layer, w + g
+    if zero == 0 or (zero == 1 and precision == "bf16"):  # no ZeRO optimizer, or BF16_Optimizer
+        # the engine all-reduces the gradients (BF16_Optimizer's fp32 accumulation buffer) from flat copies
+        return w + g + o, w + g + o + (4 if precision == "bf16" else e) * min(params, ALLREDUCE_ELEMENTS)
+    # ZeRO-1 keeps every gradient until the step; ZeRO-2 its partition, whose buffer holds each tensor
+    # it touches whole (a tensor across its boundary: up to a layer more than 1/dp)
+    held = w + e * (params if zero == 1 else min(params, partition + largest_layer)) + o
+    to_fp32 = 4 * partition if e == 2 else 0.0  # the flat gradient partition cast for the fp32 masters
+    return held + buckets + e * largest_layer, held + e * partition + to_fp32
+
+
+def zero3_phase_bytes(partition: float, largest_layer: float, dp: int, optimizer: float, offload: str, *,
+                      e: int, bucket: float, near: int) -> tuple[float, float]:
+    """ZeRO-3's (backward, step): the weight partition (on the CPU with ``offload_params``), the
+    gradient partition (on the CPU with the optimizer), one bucket and the optimizer states, kept from
+    the start; in the backward also the largest layer and the parameters prefetched and kept for reuse,
+    gathered (but for this rank's own part of them), and the layer's whole gradient before its
+    reduce-scatter; at the step the gradient partition flattened and cast to fp32 for the masters."""
+    weights = 0.0 if offload == "optimizer+params" else e * partition
+    grads = e * partition if offload == "none" else 0.0
+    held = weights + grads + optimizer + bucket
+    gathered = e * (largest_layer + 2 * near) * (1 - 1 / dp) + e * largest_layer
+    flat = (e * partition + (4 * partition if e == 2 else 0.0)) if offload == "none" else 0.0
+    return held + gathered, held + flat
 
 
 def layer_activations(seq_len: int, micro_batch: int, d_model: int, tp: int = 1, *,
@@ -250,7 +312,10 @@ def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, 
                 if (offload != "none" and zero == 0) or (offload == "optimizer+params" and zero != 3):
                     continue
                 w, g, o, cpu = model_state_bytes(rank_params, largest, dp, zero, offload, precision)
-                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble, micro_batches, sp))
+                backward, step = phase_bytes(rank_params, largest, dp, zero, offload, precision, d_model=shape.d_model)
+                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble, micro_batches, sp,
+                                      backward=backward, step=step,
+                                      saves_nothing=zero >= 2 and dp == 1 and offload == "none"))
     return layouts
 
 
@@ -271,11 +336,11 @@ def efficiency(lay: Layout, checkpointing: bool) -> float:
 def recommend(layouts: list[Layout], gpu_mem_gb: float, *, checkpointing: bool | None = None,
               headroom: float = 0.9) -> tuple[Layout | None, bool]:
     """The layout to use: among those that fit in ``headroom`` of the GPU memory (with or without
-    activation checkpointing, unless fixed), the highest :func:`efficiency`; ties go to less model
-    parallelism and the lower ZeRO stage."""
+    activation checkpointing, unless fixed) and partition something, the highest :func:`efficiency`;
+    ties go to less model parallelism and the lower ZeRO stage."""
     budget = gpu_mem_gb * GB * headroom
     options = [False, True] if checkpointing is None else [checkpointing]
-    fits = [(lay, ckpt) for lay in layouts for ckpt in options if lay.total(ckpt) <= budget]
+    fits = [(lay, ckpt) for lay in layouts for ckpt in options if lay.total(ckpt) <= budget and not lay.saves_nothing]
     if not fits:
         return None, bool(options[-1])
     return max(fits, key=lambda lc: (round(efficiency(*lc), 6), -lc[0].tp * lc[0].pp, -lc[0].zero, not lc[1]))
@@ -286,14 +351,15 @@ def format_plan(name: str, shape: ModelShape, layouts: list[Layout], best: Layou
     gb = lambda x: f"{x / GB:.1f}"  # noqa: E731
     lines = [f"{name}: {shape.params / 1e9:.3f}B parameters, {shape.n_layer} layers, d_model {shape.d_model}, "
              f"{shape.n_head} heads; {gpus} GPUs x {gpu_mem_gb:g} GB; {global_batch} sequences per step", "",
-             "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
-             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | backward / step | activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     budget = gpu_mem_gb * GB * 0.9
-    ranked = sorted(layouts, key=lambda lay: (lay.total(True) > budget, lay.tp * lay.pp, lay.zero, lay.offload))
+    ranked = sorted(layouts, key=lambda lay: (lay.total(True) > budget, lay.saves_nothing, lay.tp * lay.pp, lay.zero,
+                                                 lay.offload))
     for lay in ranked[:show]:
-        mark = " **<- recommended**" if lay is best else ""
+        mark = " **<- recommended**" if lay is best else " (saves nothing at DP=1)" if lay.saves_nothing else ""
         lines.append(f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {lay.micro_batches} | {gb(lay.weights)} | {gb(lay.grads)} | "
-                     f"{gb(lay.optimizer)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
+                     f"{gb(lay.optimizer)} | {gb(lay.backward)} / {gb(lay.step)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
                      f"{gb(lay.total(False))} ({gb(lay.total(True))}) | {gb(lay.cpu)} | {lay.bubble:.1%} |{mark}")
     lines.append("")
     if best is None:
