@@ -5,7 +5,7 @@
   own files), the load is weights-only: ``enforce_weights_only`` makes that hold for DeepSpeed's
   loads too (``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` wins over its explicit request for a full unpickle).
 - Everything else (RNG states, the run's position, shard indexes, meta.json) is JSON, read with a
-  size bound.
+  size bound; every file name meta.json lists is a relative name inside the checkpoint folder.
 - ``meta.json`` lists every file with its size and the SHA-256 of each 32 MiB block, checked
   before anything is loaded (ranks split the blocks): that detects truncation and corruption
   (not an attack -- whoever can edit the folder can edit meta.json; reading only data is the
@@ -81,18 +81,6 @@ def load_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> 
         raise corrupt(Path(path), err) from None
 
 
-def read_json(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = f.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {path} is missing; use an earlier checkpoint") from None
-    if len(data) > max_bytes:
-        raise corrupt(path, f"larger than {max_bytes} bytes")
-    return parse_json(data, path)
-
-
 def parse_json(data: bytes, where: str | Path) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
@@ -141,6 +129,10 @@ def read_meta(ckpt: Storage) -> dict:
     meta = parse_json(ckpt.read("meta.json", max_bytes=MAX_JSON_BYTES), f"{ckpt}/meta.json")
     if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
         raise corrupt(f"{ckpt}/meta.json", "no file list")
+    for rel, entry in meta["files"].items():
+        reason = _bad_name(rel) or _bad_entry(entry)
+        if reason:
+            raise corrupt(f"{ckpt}/meta.json", f"file {rel[:200]!r}: {reason}")
     if meta.get("format") == 2:
         raise CheckpointError(f"checkpoint {ckpt} has format 2 (DeepSpeed's own files + a universal/ folder of "
                               f"pickled tensors); this glm-dist reads format {FORMAT} (sharded safetensors with "
@@ -152,6 +144,31 @@ def read_meta(ckpt: Storage) -> dict:
                               f"{FORMAT} (format 1 stored RNG and run state as pickles, which are never loaded); "
                               f"start a new run, or export its weights with the release that wrote it")
     return meta
+
+
+def _bad_name(rel: str) -> str | None:
+    """Why ``rel`` is not a file name inside a checkpoint folder (None if it is)."""
+    parts = rel.split("/")
+    if rel.startswith("/") or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        return "not a relative name inside the checkpoint folder"
+    return None
+
+
+def _bad_entry(entry) -> str | None:
+    """Why a file's record ({"size", "block", "sha256"}) is malformed (None if it is not)."""
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(entry, dict) or not count(entry.get("size")):
+        return "no size"
+    digests, block = entry.get("sha256"), entry.get("block")
+    if isinstance(digests, str):
+        return None
+    if not (isinstance(digests, list) and all(isinstance(d, str) for d in digests) and count(block) and block > 0):
+        return "no SHA-256 list with its block size"
+    if len(digests) != max(1, -(-entry["size"] // block)):
+        return f"{len(digests)} SHA-256s for {entry['size']} bytes in blocks of {block}"
+    return None
 
 
 def _units(meta: dict, only) -> list[tuple[str, int, int, str]]:
@@ -180,17 +197,16 @@ def verify(ckpt: Storage | str | Path, *, share: tuple[int, int] = (0, 1),
 
     ckpt = ckpt if isinstance(ckpt, Storage) else Storage(ckpt)
     meta = read_meta(ckpt)
-    try:
-        units = _units(meta, only)
-    except (KeyError, TypeError) as err:
-        raise corrupt(f"{ckpt}/meta.json", err) from None
+    units = _units(meta, only)
     for rel, entry in sorted(meta["files"].items()):
         if only is not None and not only(rel):
             continue
-        if not ckpt.isfile(rel):
-            raise CheckpointError(f"checkpoint {ckpt} is missing {rel}; use an earlier checkpoint")
-        if ckpt.size(rel) != entry["size"]:
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} is {ckpt.size(rel)} bytes, expected {entry['size']} "
+        try:
+            size = ckpt.size(rel)  # a name leading out of the folder, or a FIFO, is refused here
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {ckpt} is missing {rel}; use an earlier checkpoint") from None
+        if size != entry["size"]:
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} is {size} bytes, expected {entry['size']} "
                                   f"(truncated or overwritten); use an earlier checkpoint")
     total = sum(u[2] for u in units) or 1
     done = 0

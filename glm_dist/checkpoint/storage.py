@@ -7,11 +7,17 @@ rename, so a checkpoint there is written in place and published by its commit re
 written last) -- see ``train/checkpoint.py``. Every read goes through ``read``/``read_range``,
 which bound what is buffered and count the bytes by purpose (``bytes_read``), so a test can
 assert that a rank reads only its share.
+
+File names come from meta.json, which is data: a local read is confined to the directory (no
+``..``, no absolute path, no symlink leading out) and to regular files (a FIFO or a device named
+``meta.json`` would block a reader for ever). A rename never replaces what is at its destination.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -83,10 +89,44 @@ class Storage:
         return os.path.isdir(self._p(rel)) if self.local else self.fs.isdir(self._p(rel))
 
     def isfile(self, rel: str) -> bool:
-        return os.path.isfile(self._p(rel)) if self.local else self.fs.isfile(self._p(rel))
+        """Whether ``rel`` is a regular file inside this directory."""
+        if not self.local:
+            return self.fs.isfile(self._p(rel))
+        try:
+            self._file(rel)
+        except (OSError, CheckpointError):
+            return False
+        return True
 
     def size(self, rel: str) -> int:
-        return os.path.getsize(self._p(rel)) if self.local else int(self.fs.size(self._p(rel)))
+        """Bytes of the file ``rel``: FileNotFoundError if absent, CheckpointError if it is no
+        regular file inside this directory."""
+        return os.stat(self._file(rel)).st_size if self.local else int(self.fs.size(self._p(rel)))
+
+    def _file(self, rel: str) -> str:
+        """The local path of ``rel``, checked before anything opens it: inside this directory once
+        symlinks are resolved, and a regular file."""
+        root = os.path.realpath(self.path)
+        path = os.path.realpath(self._p(rel))
+        if os.path.isabs(rel) or ".." in rel.split("/") or not path.startswith(root + os.sep):
+            raise CheckpointError(f"checkpoint file name {rel!r} leads outside {self.url} (a crafted or damaged "
+                                  f"checkpoint); use an earlier checkpoint")
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(f"checkpoint file {self.url}/{rel} is not a regular file ({_kind(mode)}); use an "
+                                  f"earlier checkpoint")
+        return path
+
+    def _open(self, rel: str) -> int:
+        """A read-only descriptor of the regular file ``rel`` (non-blocking: a file swapped for a
+        FIFO after the check cannot hang the open, and is refused by the second check)."""
+        fd = os.open(self._file(rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise CheckpointError(f"checkpoint file {self.url}/{rel} is not a regular file ({_kind(mode)}); use an "
+                                  f"earlier checkpoint")
+        return fd
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names directly below ``rel`` (empty if it does not exist)."""
@@ -119,7 +159,7 @@ class Storage:
     def read_range(self, rel: str, offset: int, length: int, *, purpose: str = "data") -> bytes:
         """``length`` bytes at ``offset`` (short only if the file is)."""
         if self.local:
-            fd = os.open(self._p(rel), os.O_RDONLY)
+            fd = self._open(rel)
             try:
                 parts, done = [], 0
                 while done < length:
@@ -139,7 +179,7 @@ class Storage:
     def read_into(self, rel: str, offset: int, out: memoryview, *, purpose: str = "data") -> int:
         """Fill ``out`` (a writable byte buffer) from ``offset``; returns the bytes read."""
         if self.local:
-            fd = os.open(self._p(rel), os.O_RDONLY)
+            fd = self._open(rel)
             try:
                 done = 0
                 while done < len(out):
@@ -208,15 +248,25 @@ class Storage:
             self.fs.rm(self._p(rel), recursive=True)
 
     def rename(self, src: str, dst: str) -> None:
-        """Local: an atomic rename (replacing ``dst`` as a whole); object stores: copy + delete."""
-        if self.local:
-            if os.path.exists(self._p(dst)):
-                shutil.rmtree(self._p(dst))
-            os.makedirs(os.path.dirname(self._p(dst)) or ".", exist_ok=True)
-            os.rename(self._p(src), self._p(dst))
-            fsync_dir(os.path.dirname(self._p(dst)) or ".")
-        else:
+        """Move ``src`` to ``dst``, which must not exist: a checkpoint already there (another run's,
+        or a copy) is never replaced. Local: one atomic rename (a directory is never renamed onto a
+        non-empty one); object stores: copy + delete."""
+        taken = CheckpointError(f"{self.url}/{dst} already exists and is never replaced (another run writing into "
+                                f"this folder, or a copy put there); give each run its own train.out_dir, or move "
+                                f"{dst} away")
+        if self.exists(dst):
+            raise taken
+        if not self.local:
             self.fs.mv(self._p(src), self._p(dst), recursive=True)
+            return
+        os.makedirs(os.path.dirname(self._p(dst)) or ".", exist_ok=True)
+        try:
+            os.rename(self._p(src), self._p(dst))
+        except OSError as err:
+            if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise taken from None
+            raise
+        fsync_dir(os.path.dirname(self._p(dst)) or ".")
 
     def fsync_tree(self, rel: str = "") -> None:
         """fsync every directory under ``rel`` (files are fsync'ed as they are closed)."""
@@ -231,3 +281,9 @@ class Storage:
         while not path.exists() and path != path.parent:
             path = path.parent
         return shutil.disk_usage(path).free
+
+
+def _kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
