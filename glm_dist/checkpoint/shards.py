@@ -51,13 +51,21 @@ class Shard:
 
     @staticmethod
     def from_json(d: dict) -> tuple["Shard", str]:
-        shape = tuple(int(x) for x in d["shape"])
-        tp = tuple(int(x) for x in d["tp"]) if d["tp"] is not None else None
-        shard = Shard(str(d["name"]), str(d["kind"]), shape, tp, int(d["offset"]), int(d["length"]))
-        if not KIND.match(shard.kind) or shard.offset < 0 or shard.length < 0 \
-                or shard.offset + shard.length > math.prod(local_shape(shape, tp)):
+        """A shard of an index file, checked as untrusted input: strict types, a known kind, a shape
+        of at most ``tensorfile.MAX_NUMEL`` elements, and a range inside its tensor."""
+        shape, tp = d["shape"], d["tp"]
+        if not (isinstance(d["name"], str) and isinstance(d["kind"], str) and isinstance(d["key"], str)
+                and tensorfile.counts(shape) and len(shape) <= tensorfile.MAX_DIMS
+                and (tp is None or (tensorfile.counts(tp) and len(tp) == 4 and tp[1] >= 1 and tp[2] < tp[3]))
+                and tensorfile.counts([d["offset"], d["length"]])):
+            raise ValueError("a shard's name, kind, key, shape, tp, offset or length has the wrong type")
+        if math.prod(shape) > tensorfile.MAX_NUMEL:
+            raise ValueError(f"shard of {d['name'][:200]} has shape {shape}, more elements than any model holds")
+        shard = Shard(d["name"], d["kind"], tuple(shape), tuple(tp) if tp is not None else None, d["offset"],
+                      d["length"])
+        if not KIND.match(shard.kind) or shard.offset + shard.length > math.prod(local_shape(shard.shape, shard.tp)):
             raise ValueError(f"shard {shard} lies outside its tensor")
-        return shard, str(d["key"])
+        return shard, d["key"]
 
 
 def split_bounds(n: int, rank: int, size: int) -> tuple[int, int]:
@@ -147,7 +155,9 @@ def data_file(rank: int, kind: str) -> str:
 
 
 class ShardIndex:
-    """Every shard of a checkpoint, from every saving rank's index (JSON, bounded)."""
+    """Every shard of a checkpoint, from every saving rank's index (JSON, bounded). The elements an
+    index claims are bounded by the bytes of its data files (verified sizes in meta.json), so nothing
+    is allocated for a tensor that is not there."""
 
     def __init__(self, ckpt: Storage, meta: dict):
         self.ckpt = ckpt
@@ -155,20 +165,28 @@ class ShardIndex:
         self.shapes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._kinds: dict[str, set[str]] = defaultdict(set)
         self._headers: dict[str, dict[str, tensorfile.Entry]] = {}
+        self._files = meta["files"]
         for rel in sorted(r for r in meta["files"] if re.fullmatch(r"shards/rank\d{5}\.json", r)):
             self._add(rel)
 
     def _add(self, rel: str) -> None:
         index = parse_json(self.ckpt.read(rel, max_bytes=MAX_JSON_BYTES, purpose="meta"), f"{self.ckpt}/{rel}")
+        claimed: dict[str, int] = defaultdict(int)  # data file -> bytes its shards take at least
         try:
             rank = int(index["rank"])
             for d in index["shards"]:
                 shard, key = Shard.from_json(d)
-                self.by_key[(shard.name, shard.kind)].append((shard, data_file(rank, shard.kind), key))
+                data = data_file(rank, shard.kind)
+                claimed[data] += shard.length * min_itemsize(shard.kind)
+                self.by_key[(shard.name, shard.kind)].append((shard, data, key))
                 self.shapes.setdefault((shard.name, shard.kind), shard.shape)
                 self._kinds[shard.name].add(shard.kind)
         except (KeyError, TypeError, ValueError) as err:
             raise corrupt(f"{self.ckpt}/{rel}", err) from None
+        for data, nbytes in claimed.items():
+            size = self._files.get(data, {}).get("size", 0)
+            if nbytes > size:
+                raise corrupt(f"{self.ckpt}/{data}", f"{size} bytes, fewer than the {nbytes} its index {rel} needs")
 
     def names(self, kind: str) -> list[str]:
         return sorted(name for name, kinds in self._kinds.items() if kind in kinds)
@@ -189,7 +207,8 @@ class ShardIndex:
 
     def read(self, need: Shard, out: torch.Tensor) -> None:
         """Fill ``out`` (a contiguous CPU tensor of ``need.length`` elements) from every saved shard
-        that overlaps ``need``; every element must be found."""
+        that overlaps ``need``; every element must be found, each saved tensor of the dtype and shape
+        its index and kind say."""
         found = 0
         for have, rel, key in self.by_key.get((need.name, need.kind), []):
             if have.shape != need.shape:
@@ -198,14 +217,27 @@ class ShardIndex:
             dst, src, n = overlaps(need, have)
             if len(n):
                 entry = self.entry(rel, key)
-                if entry.nbytes != have.length * entry.dtype.itemsize:
-                    raise corrupt(f"{self.ckpt}/{rel}", f"tensor {key} is not the {have.length} elements its index says")
+                self._check(rel, key, entry, have, out.dtype)
                 found += int(n.sum())
                 self._copy(rel, entry, dst, src, n, out)
         if found != need.length:
             raise CheckpointError(f"checkpoint {self.ckpt} holds {found} of the {need.length} elements of "
                                   f"{need.name} ({need.kind}) this rank needs; it does not match the model or its "
                                   f"optimizer -- resume with the config it was saved with")
+
+    def _check(self, rel: str, key: str, entry: tensorfile.Entry, have: Shard, dtype: torch.dtype) -> None:
+        """The saved tensor is what the index says: fp32 for every kind but buffers (which must have
+        the dtype asked for, or both be floating point), ``have.length`` elements, flat or whole."""
+        saved = tensorfile.NAMES[entry.dtype]
+        if have.kind != "buffer" and entry.dtype != torch.float32:
+            raise corrupt(f"{self.ckpt}/{rel}", f"tensor {key} is {saved}, its index says {have.kind} (F32)")
+        if have.kind == "buffer" and entry.dtype != dtype and not (entry.dtype.is_floating_point
+                                                                  and dtype.is_floating_point):
+            raise corrupt(f"{self.ckpt}/{rel}", f"buffer {key} is {saved}, the model's is {dtype}")
+        whole = have.tp is None and have.offset == 0 and have.length == math.prod(have.shape)
+        if entry.shape != (have.length,) and not (whole and entry.shape == have.shape):
+            raise corrupt(f"{self.ckpt}/{rel}", f"tensor {key} has shape {list(entry.shape)}, its index says "
+                                                f"{have.length} elements of {list(have.shape)}")
 
     def _copy(self, rel: str, entry: tensorfile.Entry, dst: np.ndarray, src: np.ndarray, n: np.ndarray,
               out: torch.Tensor) -> None:
@@ -235,9 +267,17 @@ class ShardIndex:
             raise CheckpointError(f"checkpoint file {self.ckpt}/{rel} is truncated; use an earlier checkpoint")
 
     def whole(self, name: str, kind: str = "fp32", dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The unsplit tensor ``name`` assembled from its shards (one parameter in memory)."""
-        shape = self.shapes[(name, kind)]
-        dtype = dtype or self.entry(*self.by_key[(name, kind)][0][1:]).dtype
-        out = torch.empty(shape, dtype=dtype)
+        """The unsplit tensor ``name`` assembled from its shards (one parameter in memory), in
+        ``dtype`` (default: as saved). Allocated only once its shards cover it."""
+        shape, saved = self.shapes[(name, kind)], self.by_key[(name, kind)]
+        if sum(have.length for have, _, _ in saved) < math.prod(shape):
+            raise CheckpointError(f"checkpoint {self.ckpt} holds {sum(have.length for have, _, _ in saved)} of the "
+                                  f"{math.prod(shape)} elements of {name} ({kind}); use an earlier checkpoint")
+        out = torch.empty(shape, dtype=dtype or self.entry(*saved[0][1:]).dtype)
         self.read(Shard(name, kind, shape, None, 0, math.prod(shape)), out)
         return out
+
+
+def min_itemsize(kind: str) -> int:
+    """Bytes per element at least: every kind is fp32 but buffers (any dtype)."""
+    return 1 if kind == "buffer" else 4

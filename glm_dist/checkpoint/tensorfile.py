@@ -9,6 +9,7 @@ the way), so writing a rank's shards never makes a second copy of them in memory
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F
           "BOOL": torch.bool}
 NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 64 * 2**20
+MAX_DIMS = 8
+MAX_NUMEL = 2**38  # elements of one tensor: beyond any model of the plan (GPT-3 175B has 1.75e11 in all)
 
 
 @dataclass(frozen=True)
@@ -73,36 +76,54 @@ def _raw(t: torch.Tensor):
 
 
 def read_header(storage: Storage, rel: str) -> dict[str, Entry]:
-    """The tensors of ``rel`` by key (only the header is read; bounded and validated against the
-    file's size, so a damaged header is one clear error)."""
+    """The tensors of ``rel`` by key. Only the header is read, and checked as untrusted input before
+    anything is allocated from it: bounded, strict JSON types, known dtypes, non-negative shapes of
+    at most ``MAX_NUMEL`` elements, and data offsets that tile the data section exactly -- contiguous,
+    non-overlapping, from its start to the end of the file (the safetensors rules)."""
+    where = f"{storage}/{rel}"
     size = storage.size(rel)
     head = storage.read_range(rel, 0, 8, purpose="meta")
     if len(head) < 8:
-        raise corrupt(f"{storage}/{rel}", "shorter than a safetensors header")
+        raise corrupt(where, "shorter than a safetensors header")
     (n,) = struct.unpack("<Q", head)
     if n > min(MAX_HEADER, size - 8):
-        raise corrupt(f"{storage}/{rel}", f"header of {n} bytes in a file of {size}")
+        raise corrupt(where, f"header of {n} bytes in a file of {size}")
     try:
         header = json.loads(storage.read_range(rel, 8, n, purpose="meta").decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
         header.pop("__metadata__", None)
         entries = {key: _entry(spec, 8 + n) for key, spec in header.items()}
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise corrupt(f"{storage}/{rel}", err) from None
-    for key, e in entries.items():
-        if e.start + e.nbytes > size:
-            raise corrupt(f"{storage}/{rel}", f"tensor {key} runs past the end of the file")
+        raise corrupt(where, err) from None
+    end = 8 + n
+    for key, e in sorted(entries.items(), key=lambda item: (item[1].start, item[1].nbytes)):
+        if e.start != end:
+            raise corrupt(where, f"tensor {key} starts at byte {e.start - 8 - n} of the data, not at {end - 8 - n} "
+                                 f"(overlapping or a gap)")
+        end = e.start + e.nbytes
+    if end != size:
+        raise corrupt(where, f"the tensors end at byte {end} of a file of {size}")
     return entries
 
 
 def _entry(spec: dict, base: int) -> Entry:
-    begin, end = (int(x) for x in spec["data_offsets"])
-    dtype, shape = DTYPES[spec["dtype"]], tuple(int(d) for d in spec["shape"])
-    numel = 1
-    for d in shape:
-        numel *= d
-    if begin < 0 or end - begin != numel * dtype.itemsize:
-        raise ValueError(f"offsets {begin}..{end} do not fit shape {list(shape)} of {spec['dtype']}")
-    return Entry(dtype, shape, base + begin, end - begin)
+    if not isinstance(spec, dict) or spec.get("dtype") not in DTYPES:
+        raise ValueError(f"dtype {str(spec.get('dtype') if isinstance(spec, dict) else spec)[:40]!r} is not one "
+                         f"of {', '.join(DTYPES)}")
+    offsets, shape = spec.get("data_offsets"), spec.get("shape")
+    if not (counts(offsets) and len(offsets) == 2 and counts(shape) and len(shape) <= MAX_DIMS):
+        raise ValueError("data_offsets or shape is not a list of non-negative integers")
+    begin, end = offsets
+    dtype, numel = DTYPES[spec["dtype"]], math.prod(shape)
+    if numel > MAX_NUMEL or end - begin != numel * dtype.itemsize:
+        raise ValueError(f"offsets {begin}..{end} do not fit shape {shape[:MAX_DIMS]} of {spec['dtype']}")
+    return Entry(dtype, tuple(shape), base + begin, end - begin)
+
+
+def counts(values) -> bool:
+    """Whether ``values`` is a JSON list of non-negative integers."""
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
 
 
 def read_tensor(storage: Storage, rel: str, entry: Entry, *, purpose: str = "state") -> torch.Tensor:
