@@ -13,30 +13,44 @@ Layout under ``train.checkpoint_dir`` (default ``<out_dir>/checkpoints``; a path
       state/                                DeepSpeed's own files, only with train.deepspeed_checkpoint
       meta.json                             config, layout, every file's size and block SHA-256s (last)
     latest                                  name of the newest complete save
-    .tmp-step_00000200/                     a local save in progress (renamed when committed)
-    aside/                                  checkpoints moved out of the lineage by a roll-back
+    .tmp-step_00000200.<run>/               a local save in progress (renamed when committed)
+    aside/                                  checkpoints moved out of the lineage (a roll-back, or
+                                            saves auto-resume found unverifiable)
 
 A save copies this rank's shards to host memory (the only part training waits for) and writes
 them on a background thread (``checkpoint/writer.py``); the next save, the end of the run or a
 stop signal waits for it, and every rank then agrees on any failure. Rank 0 commits once every
 rank's files are complete: meta.json last, then (locally) fsync and rename, ``latest``, rotation.
-On an object store the folder is written in place and meta.json alone publishes it.
+On an object store the folder is written in place and meta.json alone publishes it. A save never
+replaces a committed one (another run's, in a shared folder), a process removes only its own
+unfinished saves, and weights that are not finite are never saved.
+
+Lineage: each commit record names its ``parent`` (the SHA-256 of the meta.json of the save this
+run continued from, or of its own previous save), so rotation keeps the newest ``keep_last`` saves
+of this run's lineage by step -- never by wall clock -- and touches nothing else.
 
 ``train.resume=auto`` follows ``latest``, then older steps, skipping (and saying so) any that fail
-verification. Resuming from an older step while newer ones exist moves those aside -- only with
-``train.resume_overwrite=true``, else the run is refused -- so a later auto-resume never jumps to a
-stale future. Loading never writes into a checkpoint, and each rank reads only the slices it needs.
+verification and moving those aside. Resuming from an older step while newer ones exist moves
+those aside -- only with ``train.resume_overwrite=true``, else the run is refused -- so a later
+auto-resume never jumps to a stale future. A checkpoint of another model family or architecture is
+refused. Loading never writes into a checkpoint, and each rank reads only the slices it needs.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
+import os
 import re
+import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from glm_dist.checkpoint.consolidate import saved_model
 from glm_dist.checkpoint.files import (FORMAT, MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, CheckpointError, parse_json,
                                        read_meta, rng_state, set_rng_state, verify)
 from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file
@@ -50,6 +64,8 @@ ASIDE = "aside"
 STEP = re.compile(r"^step_\d{8}$")
 DS_TAG = "state"  # DeepSpeed's own files, under <checkpoint>/state (train.deepspeed_checkpoint)
 ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
+# model config fields a resumed run may change: regularisation and decoding, not the architecture
+RESUME_MAY_CHANGE = re.compile(r"dropout|^weight_drop$|^ar_alpha$|^tar_beta$|^cvt_beam$")
 
 
 def step_of(path) -> int:
@@ -64,6 +80,8 @@ class CheckpointManager:
         self.pending: AsyncSave | None = None
         self._host: dict[str, torch.Tensor] = {}  # host buffers of the shards, reused from save to save
         self.last_save: dict = {}  # timings and bytes of the last save (bench/checkpoint_scaling.py)
+        self.head: str | None = None  # id of this lineage's newest save: the parent of the next one
+        self._run = ""  # names this run's unfinished saves (.tmp-step_N.<run>), agreed at the first save
 
     # -- the lineage ---------------------------------------------------------------------------
     def complete(self) -> list[Storage]:
@@ -72,18 +90,29 @@ class CheckpointManager:
         done = [self.storage.sub(n) for n in names if self.storage.exists(f"{n}/meta.json")]
         return sorted(done, key=step_of, reverse=True)
 
+    def latest(self) -> Storage | None:
+        """The checkpoint ``latest`` names, if it names one."""
+        if not self.storage.isfile("latest"):
+            return None
+        text = self.storage.read("latest", max_bytes=64).decode("utf-8", "replace").strip()
+        return self.storage.sub(text) if STEP.match(text) else None
+
     def candidates(self) -> list[Storage]:
         """What ``resume=auto`` tries, in order: the one ``latest`` names, then by step."""
         done = self.complete()
-        named = None
-        if self.storage.isfile("latest"):
-            text = self.storage.read("latest", max_bytes=64).decode("utf-8", "replace").strip()
-            named = self.storage.sub(text) if STEP.match(text) else None
+        named = self.latest()
         return ([named] if named in done else []) + [p for p in done if p != named]
 
-    def resolve(self, resume: str, *, overwrite: bool = False) -> Storage | None:
-        """``train.resume`` -> the verified checkpoint to load, or None (all ranks call this)."""
+    def resolve(self, resume: str, *, overwrite: bool = False, family: str | None = None,
+                model_config: Any = None) -> Storage | None:
+        """``train.resume`` -> the verified checkpoint to load, or None (all ranks call this). With
+        ``family`` and ``model_config`` (this run's model), a checkpoint of another model is refused."""
+        unfinished = [n for n in self.storage.listdir() if n.startswith(".tmp-step_")]
+        if unfinished and self.dist.is_main:
+            log.warning("%s holds unfinished saves (a crashed run's, or another process's in progress), never resumed "
+                        "from: %s; delete them once no run writes there", self.root, ", ".join(unfinished[:5]))
         if resume == "none":
+            self._refuse_other_runs()
             return None
         skipped: list[Storage] = []
         if resume == "auto":
@@ -96,9 +125,25 @@ class CheckpointManager:
             reason = self._verify(path)
             if reason:
                 raise CheckpointError(reason)
-        if path is not None:
-            self._keep_lineage(path, ignore=skipped, overwrite=overwrite)
+        if path is None:
+            return None
+        meta_bytes = path.read("meta.json", max_bytes=MAX_JSON_BYTES)
+        if family is not None:
+            check_resumable(parse_json(meta_bytes, f"{path}/meta.json"), path, family, model_config)
+        self._keep_lineage(path, ignore=skipped, overwrite=overwrite)
+        self._move_aside(skipped, "unverified")
+        self.head = save_id(meta_bytes)
         return path
+
+    def _refuse_other_runs(self) -> None:
+        """A new run (``train.resume=none``) in a folder that holds checkpoints would mix its saves
+        with theirs (the same step names, ``latest`` moving between lineages)."""
+        done = self.complete()
+        if done:
+            raise CheckpointError(f"train.resume=none, but {self.root} holds checkpoints of an earlier run "
+                                  f"({', '.join(p.name for p in done[:3])}{', ...' if len(done) > 3 else ''}): use "
+                                  f"another train.out_dir (or train.checkpoint_dir), or train.resume=auto to continue "
+                                  f"it")
 
     def _verify(self, path: Storage) -> str | None:
         """Why ``path`` fails verification (agreed by every rank; each hashes its share), or None."""
@@ -110,8 +155,8 @@ class CheckpointManager:
         return comm.first_error(reason)
 
     def _newest_verified(self) -> tuple[Storage | None, list[Storage]]:
-        """The newest checkpoint that verifies, and the ones skipped on the way (left as they are:
-        loading never writes; they can never be resumed from, so they are no stale future)."""
+        """The newest checkpoint that verifies, and the ones skipped on the way (moved aside by
+        ``resolve``: they can never be resumed from, and a new save of their step must not meet them)."""
         skipped, reasons = [], []
         for path in self.candidates():
             reason = self._verify(path)
@@ -136,21 +181,46 @@ class CheckpointManager:
             raise CheckpointError(f"resuming from {path} while {self.root} holds newer checkpoints ({names}): a later "
                                   f"train.resume=auto would continue the old run; set train.resume_overwrite=true to "
                                   f"move them to {self.root}/{ASIDE}, or use another train.out_dir")
-        where = f"{ASIDE}/rolled-back-{time.strftime('%Y%m%d-%H%M%S')}"
-        if self.dist.is_main:
-            for p in newer:
-                self.storage.rename(p.name, f"{where}/{p.name}")
-        comm.barrier()
+        where = self._move_aside(newer, "rolled-back")
         if self.dist.is_main:
             log.warning("resuming from %s: moved the newer checkpoints %s to %s/%s", path.name, names, self.root, where)
 
+    def _move_aside(self, paths: list[Storage], why: str) -> str:
+        """Move ``paths`` to ``aside/<why>-<time>-<pid>/`` (rank 0; all ranks wait). Never deleted:
+        a person can look at them. Returns the folder."""
+        where = f"{ASIDE}/{why}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        if paths and self.dist.is_main:
+            for p in paths:
+                self.storage.rename(p.name, f"{where}/{p.name}")
+        if paths:
+            comm.barrier()
+        return where
+
     def rotate(self) -> list[Storage]:
-        """Delete complete checkpoints beyond the newest ``keep_last`` saves, except multiples of
-        ``keep_every``; rank 0 only. Returns what was deleted."""
+        """Delete this lineage's saves beyond its ``keep_last`` highest steps, except multiples of
+        ``keep_every``; rank 0 only. The lineage runs from this run's newest save (or, before one,
+        the save ``latest`` names) through each commit record's ``parent``: saves of other runs and
+        copies are never touched, nor the one ``latest`` names. Returns what was deleted."""
         if not self.dist.is_main or self.keep_last < 1:
             return []
-        done = sorted(self.complete(), key=lambda p: (_saved_at(p), step_of(p)), reverse=True)
-        doomed = [p for p in done[self.keep_last:] if not (self.keep_every and step_of(p) % self.keep_every == 0)]
+        named = self.latest()
+        records = {}  # save id -> (folder, parent id)
+        for path in self.complete():
+            try:
+                data = path.read("meta.json", max_bytes=MAX_JSON_BYTES)
+                meta = parse_json(data, f"{path}/meta.json")
+            except CheckpointError:
+                continue  # not this run's to judge: auto-resume moves it aside if it is ever tried
+            records[save_id(data)] = (path, meta.get("parent") if isinstance(meta, dict) else None)
+        head = self.head or next((i for i, (p, _) in records.items() if p == named), None)
+        lineage: list[Storage] = []
+        while head in records and records[head][0] not in lineage:
+            path, head = records[head]
+            lineage.append(path)
+        newest = lineage[:1]
+        lineage.sort(key=step_of, reverse=True)
+        doomed = [p for p in lineage[self.keep_last:] if p not in newest and p != named
+                  and not (self.keep_every and step_of(p) % self.keep_every == 0)]
         for path in doomed:
             self.storage.remove(path.name)
         return doomed
@@ -163,10 +233,11 @@ class CheckpointManager:
         rank's shards to host memory and hand them to a background writer; returns the final
         location. ``wait``: also wait until it is committed (end of run, stop signal). A failure on
         any rank (e.g. a full disk) stops every rank with the same error at that wait; the
-        previous checkpoint stays the latest."""
+        previous checkpoint stays the latest. So do a committed ``step_N`` already there (another
+        run's) and weights that are not finite."""
         self.wait()
         name = f"step_{step:08d}"
-        staging = self.storage.sub(f".tmp-{name}" if self.storage.local else name)
+        staging = self._staging(name)
         t0 = time.perf_counter()
         self._agreed(lambda: self._start(staging), f"starting checkpoint {name}", staging)
         files = extra or RankFiles(self.dist.rank)
@@ -189,6 +260,7 @@ class CheckpointManager:
                     files.blobs["tokenizer.json"] = _read_small(tokenizer)
 
         self._agreed(capture, f"writing checkpoint {name}", staging)
+        self._refuse_non_finite(files, name, staging)
         commit = (lambda entries: self._commit(staging, name, step, meta, entries, deepspeed_files)) \
             if self.dist.is_main else None
         self.pending = AsyncSave(staging, files, world=self.dist.world_size, what=f"writing checkpoint {name}",
@@ -198,10 +270,36 @@ class CheckpointManager:
             self.wait()
         return self.storage.sub(name)
 
+    def _staging(self, name: str) -> Storage:
+        """Where this run writes save ``name`` before it is committed: locally ``.tmp-<name>.<run>``,
+        a name no other process uses. A committed ``name`` already there is refused, on every rank."""
+        taken = self.dist.is_main and self.storage.exists(f"{name}/meta.json")
+        error = comm.first_error(f"checkpoint {self.root}/{name} already exists (another run writing into this "
+                                 f"folder, or a copy put there) and is never replaced; give each run its own "
+                                 f"train.out_dir" if taken else None)
+        if error is not None:
+            raise CheckpointError(error)
+        if not self._run:  # one name on every rank, unique to this run
+            self._run = comm.broadcast_bytes(secrets.token_hex(6).encode() if self.dist.is_main else None).decode()
+        return self.storage.sub(f".tmp-{name}.{self._run}" if self.storage.local else name)
+
     def _start(self, staging: Storage) -> None:
         if self.dist.is_main:
-            staging.remove()  # debris of a crashed save (remotely: an uncommitted folder of this step)
+            staging.remove()  # locally this run's own name; remotely an uncommitted folder of this step
             staging.makedirs()
+
+    def _refuse_non_finite(self, files: RankFiles, name: str, staging: Storage) -> None:
+        """Weights with a NaN or an Inf are never saved (a loss explosion, a rate too high): one
+        reduction over this rank's fp32 shards, already in host memory, and one agreement."""
+        host, bad = self._host.get("fp32"), None
+        if host is not None and not bool(torch.isfinite(host).all()):
+            tensors = files.tensors.get(data_file(self.dist.rank, "fp32"), [])
+            key = next((k for k, t in tensors if not bool(torch.isfinite(t).all())), "?")
+            bad = f"{key.rsplit('@', 1)[0]} on rank {self.dist.rank}"
+        bad = comm.first_error(bad)
+        if bad is not None:
+            self._fail(f"checkpoint {name} not saved: the weights are not finite (NaN or Inf in {bad}), training "
+                       f"diverged", staging, fix="resume from it with a lower train.lr or a train.grad_clip")
 
     def _capture(self, files: RankFiles, pieces: list, device: torch.device, buffers: list = ()) -> None:
         """Copy the slices this rank writes to host memory (pinned under CUDA, reused between saves),
@@ -251,16 +349,20 @@ class CheckpointManager:
 
     def _commit(self, staging: Storage, name: str, step: int, meta: dict, entries: dict,
                 deepspeed_files: bool) -> None:
-        """Rank 0, once every rank's files are written: meta.json last, publish, ``latest``, rotate."""
+        """Rank 0, once every rank's files are written: meta.json last (naming its parent), publish
+        (never over an existing step folder), ``latest``, rotate."""
         staging.remove(DONE)
         if deepspeed_files:  # DeepSpeed's own files, written synchronously by several ranks
             for rel in staging.walk(DS_TAG):
                 entries[rel] = hash_file(staging, rel)
-        record = {**meta, "format": FORMAT, "step": step, "saved_at": time.time(), "files": dict(sorted(entries.items()))}
-        staging.write_bytes("meta.json", json.dumps(record, indent=1).encode())
+        record = {**meta, "format": FORMAT, "step": step, "saved_at": time.time(), "parent": self.head,
+                  "files": dict(sorted(entries.items()))}
+        data = json.dumps(record, indent=1).encode()
+        staging.write_bytes("meta.json", data)
         if self.storage.local:
             staging.fsync_tree()
             self.storage.rename(staging.name, name)
+        self.head = save_id(data)
         self.storage.write_atomic("latest", name.encode())
         self.rotate()
 
@@ -292,12 +394,14 @@ class CheckpointManager:
         if error is not None:
             self._fail(error, staging)
 
-    def _fail(self, error: str, staging: Storage):
+    def _fail(self, error: str, staging: Storage, *, fix: str = "free space or fix the folder and rerun to resume "
+                                                                     "from it"):
+        """Remove this run's unfinished save and raise ``error`` on every rank (rank 0 removes)."""
         if self.dist.is_main:
             staging.remove()
         done = self.candidates()
-        raise CheckpointError(f"{error}; the newest complete checkpoint is still {done[0] if done else 'none'} -- "
-                              f"free space or fix the folder and rerun to resume from it")
+        newest = done[0] if done else "none"
+        raise CheckpointError(f"{error}; the newest complete checkpoint is still {newest} -- {fix}")
 
     # -- loading ---------------------------------------------------------------------------------
     def load(self, engine, ckpt: Storage, naming: fragments.Naming, coords: dict, sizes: dict) -> dict:
@@ -357,13 +461,31 @@ def _kinds(piece) -> list[str]:
 
 
 def _read_small(location: str) -> bytes:
-    """A file of the run (the tokenizer), local or remote, bounded."""
-    storage, name = Storage(location).parent_and_name()
+    """A file of the run (the tokenizer), local or remote, bounded (a local one through its real
+    path: the user's own file may be a symlink)."""
+    storage = Storage(location)
+    storage, name = (Storage(os.path.realpath(storage.url)) if storage.local else storage).parent_and_name()
     return storage.read(name, max_bytes=MAX_TOKENIZER_BYTES)
 
 
-def _saved_at(path: Storage) -> float:
-    try:
-        return float(read_meta(path).get("saved_at", 0.0))
-    except CheckpointError:
-        return 0.0
+def save_id(meta_json: bytes) -> str:
+    """A save's identity: the SHA-256 of its commit record (meta.json), which names its parent's."""
+    return hashlib.sha256(meta_json).hexdigest()
+
+
+def check_resumable(meta: dict, ckpt: Storage, family: str, model_config: Any) -> None:
+    """A run resumes only a checkpoint of its own model: the same family (GPT-2 and GPT-1 share
+    parameter names and shapes, not the architecture) and the same config but for regularisation
+    (``RESUME_MAY_CHANGE``). The saved config is checked as a user's first (``saved_model``)."""
+    saved = meta.get("model_family")
+    if saved != family:
+        raise CheckpointError(f"checkpoint {ckpt} was written by a {str(saved)[:40]} model, this run's model.family is "
+                              f"{family}: its weights would load into another architecture; set model.family="
+                              f"{str(saved)[:40]} to resume it, or use another train.out_dir for a new run")
+    saved_model(meta, ckpt)
+    ours = json.loads(json.dumps(dataclasses.asdict(model_config)))  # tuples as JSON lists, like the saved one
+    differ = [k for k, v in ours.items() if not RESUME_MAY_CHANGE.search(k) and meta["model_config"].get(k) != v]
+    if differ:
+        pairs = ", ".join(f"{k}={meta['model_config'].get(k)} (this run: {ours[k]})" for k in differ[:4])
+        raise CheckpointError(f"checkpoint {ckpt} was written by a {family} model with {pairs}; resume with the model "
+                              f"config it was saved with, or use another train.out_dir for a new run")

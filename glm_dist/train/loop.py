@@ -77,8 +77,9 @@ class Trainer:
         check_launcher_agrees(cfg, dict(os.environ))
         self.ckpts = CheckpointManager(cfg.train.checkpoint_dir or Path(cfg.train.out_dir) / "checkpoints", self.dist,
                                        keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
-        # fails before anything is written (a checkpoint that does not verify, a stale lineage)
-        self.resume_from = self.ckpts.resolve(cfg.train.resume, overwrite=cfg.train.resume_overwrite)
+        # fails before anything is written (a checkpoint that does not verify, a stale lineage, another model)
+        self.resume_from = self.ckpts.resolve(cfg.train.resume, overwrite=cfg.train.resume_overwrite,
+                                              family=cfg.model.family, model_config=model_config(cfg))
         self.resume_meta = read_meta(self.resume_from) if self.resume_from else None
         self.manifest = ensure_shards(cfg.data, self.dist)
         self.model_cfg = model_config(cfg)

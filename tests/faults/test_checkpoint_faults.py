@@ -329,21 +329,3 @@ def test_credentials_in_urls_never_reach_meta_json_or_wandb(shards_dir, tmp_path
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and any(s in p.read_bytes() for s in (b"hunter2", b"s3cr3t"))]
     assert not leaked, leaked
 
-
-def test_rotation_after_a_roll_back_keeps_the_newest_saves_not_the_highest_steps(tmp_path):
-    """A stale future that stayed in the folder (it failed verification, so it was not moved aside)
-    has a higher step than the new lineage's saves, but was saved before them: rotation drops it."""
-    from glm_dist.checkpoint.files import FORMAT
-    from glm_dist.parallel.distributed import DistInfo
-    from glm_dist.train.checkpoint import CheckpointManager
-
-    root = tmp_path / "checkpoints"
-    for saved_at, step in enumerate([2, 4, 6, 8, 5, 6, 7]):  # steps 6 and 8 of the old run, then 5, 6, 7 anew
-        ckpt = root / f"step_{step:08d}"
-        ckpt.mkdir(parents=True, exist_ok=True)
-        (ckpt / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step, "saved_at": float(saved_at),
-                                                    "files": {}}))
-    manager = CheckpointManager(root, DistInfo(0, 1, 0), keep_last=3)
-    deleted = sorted(p.name for p in manager.rotate())
-    assert deleted == ["step_00000002", "step_00000004", "step_00000008"]
-    assert sorted(p.name for p in root.iterdir()) == ["step_00000005", "step_00000006", "step_00000007"]
