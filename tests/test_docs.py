@@ -139,3 +139,17 @@ def test_no_citation_of_the_documents_outside_the_repository_remains():
         text = path.read_text(encoding="utf-8", errors="replace")
         found += [f"{path.relative_to(ROOT)}:{line_of(text, m.start())}: {m.group(0)}" for m in OLD_NAMES.finditer(text)]
     assert not found, "cite docs/architecture.md or docs/reference.md instead:\n" + "\n".join(found)
+
+
+def test_readme_is_short_and_links_every_docs_page():
+    """README.md (at most 200 lines, the two commands at the top) and docs/index.md reach every page."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme.splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail into a docs/ page"
+    top = "\n".join(lines[:15])
+    assert "bash launch/quickstart.sh" in top and "bash launch/test.sh" in top, "the two commands left the top"
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
+        if page.name != "index.md":
+            assert f"]({page.name})" in index, f"docs/index.md does not list {page.name}"
