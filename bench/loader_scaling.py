@@ -8,7 +8,7 @@
 - shuffle quality: the share of a global batch's samples that come from its most common shard,
   with the units in packing order (the streaming loader's order) and after the global shuffle.
 
-    python bench/loader_scaling.py                   # the README table (embedded corpus shards under /tmp)
+    python bench/loader_scaling.py                   # docs/benchmarks.md#loader (embedded corpus shards under /tmp)
     torchrun --nproc_per_node=N bench/loader_scaling.py --worker DIR --out OUT   # one JSON per rank (tests)
 """
 from __future__ import annotations

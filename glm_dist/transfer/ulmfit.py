@@ -1,6 +1,6 @@
 """ULMFiT's classifier (Howard & Ruder 2018, section 3.3) on an AWD-LSTM checkpoint: ``glm finetune``'s
 third stage, after general-domain LM pretraining and target-task LM fine-tuning (``glm train`` with
-``train.init_from``; README "ULMFiT").
+``train.init_from``; docs/models.md#ulmfit-awd-lstm).
 
 - BPT3C: a document is read in windows of ``--bptt`` (70) tokens, each window starting from the
   state the previous one ended in (detached: gradients stop at window edges, as truncated BPTT),
