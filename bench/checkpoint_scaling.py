@@ -189,7 +189,7 @@ def overrides(flavor: str, layout: str, shards: str, out: Path) -> list[str]:
     nproc, extra = LAYOUTS[layout]
     micro = 2 if "PP" in layout else 1
     return [f"model.flavor={flavor}", "model.vocab_size=50257", f"data.shards_dir={shards}", f"train.out_dir={out}",
-            "data.seq_len=64", f"train.micro_batch_size=1", f"train.grad_accum_steps={micro}", "train.max_steps=2",
+            "data.seq_len=64", "train.micro_batch_size=1", f"train.grad_accum_steps={micro}", "train.max_steps=2",
             "train.warmup_steps=1", "train.eval_batches=1", "train.eval_interval=0", "train.save_interval=0",
             "train.plot=false", "logging.wandb=false", "logging.progress=false", "train.precision=bf16",
             "train.keep_last=5", *extra]

@@ -5,7 +5,6 @@ capture and AOT autograd, no kernel generation: seconds instead of minutes on 2 
 bench/train_throughput.py --compile times inductor."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 

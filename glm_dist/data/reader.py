@@ -157,6 +157,7 @@ class RangeReader:
         """(shard, member intervals, first byte, end byte) of each coalesced request."""
         order = np.lexsort((start, shard))
         current: list[int] = []
+        lo = hi = 0  # the open request's byte range, set when its first member joins
         for m in order:
             if current and (shard[m] != shard[current[0]] or start[m] - hi > self.gap_bytes
                             or max(hi, stop[m]) - lo > self.max_request_bytes):

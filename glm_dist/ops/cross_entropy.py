@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from glm_dist.parallel import comm
 
