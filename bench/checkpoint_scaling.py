@@ -258,9 +258,11 @@ def projection(pcie_gbs: float, node_write_gbs: float, writer_gbs: float) -> str
                    for s, blocks in enumerate(layers)]
     old_writer = 12 * max(stage_whole)  # one rank per stage wrote the universal form of its stage
     old_ds_rank = 12 * max(layers) / dp + 2 * max(layers)  # + DeepSpeed's files (partition + bf16 weights)
-    lines = [f"GPT-3 175B ({shape.params / 1e9:.1f}B parameters), DP {dp} x PP {pp} x TP {tp} = 512 ranks, ZeRO-1, bf16",
+    lines = [f"GPT-3 175B ({shape.params / 1e9:.1f}B parameters), DP {dp} x PP {pp} x TP {tp} = 512 ranks, "
+             "ZeRO-1, bf16",
              f"new: {12 * shape.params / 1e12:.2f} TB per save; each rank writes <= {new_rank / 1e9:.2f} GB "
-             f"(an equal share is {12 * shape.params / 512 / 1e9:.2f} GB: x{new_rank / (12 * shape.params / 512):.2f}); "
+             f"(an equal share is {12 * shape.params / 512 / 1e9:.2f} GB: "
+             f"x{new_rank / (12 * shape.params / 512):.2f}); "
              f"blocking = device-to-host copy at {pcie_gbs:g} GB/s = {new_rank / 1e9 / pcie_gbs:.2f} s; "
              f"in the background a node writes {gpus_per_node * new_rank / 1e9:.0f} GB at {node_write_gbs:g} GB/s = "
              f"{gpus_per_node * new_rank / 1e9 / node_write_gbs:.0f} s",

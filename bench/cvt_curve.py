@@ -3,8 +3,9 @@
 Task: BIO tags of the references to Python objects in Python's HTML documentation (python3-doc;
 data_pipeline/tasks/pydoc_xref.py), held out by page, over the sentences that hold at least one
 reference (three in four hold none: a tiny model's few hundred steps learn little but "O" from
-those); the same unlabelled sentences (other pages, any sentence) for every run. Each run is ``glm train`` in this process (the Trainer: DeepSpeed engine, the
-alternating loader, validation on the held-out sentences) from configs/experiments/cvt-tiny-cpu.yaml;
+those); the same unlabelled sentences (other pages, any sentence) for every run. Each run is
+``glm train`` in this process (the Trainer: DeepSpeed engine, the alternating loader, validation
+on the held-out sentences) from configs/experiments/cvt-tiny-cpu.yaml;
 span-level F1 is the objective's validation figure (conlleval rules, as seqeval's default).
 
 - supervised: ``objective.cvt_unlabelled=false``, S labelled steps;
@@ -119,7 +120,8 @@ def main() -> None:
     xref = TaggingTask(xref.name, xref.tags, refs(xref.labelled), subset(refs(xref.test), args.test, UNLABELLED_SEED))
     unlabelled_text = subset(unlabelled_text, args.unlabelled, UNLABELLED_SEED)
     wordnet = wordnet_task()
-    wordnet = TaggingTask(wordnet.name, wordnet.tags, wordnet.labelled, subset(wordnet.test, args.test, UNLABELLED_SEED))
+    wordnet = TaggingTask(wordnet.name, wordnet.tags, wordnet.labelled,
+                          subset(wordnet.test, args.test, UNLABELLED_SEED))
     results: dict[str, list] = defaultdict(list)
     common = dict(flavor=args.flavor, batch=args.batch)
     jobs = []

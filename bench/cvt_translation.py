@@ -72,7 +72,8 @@ def main() -> None:
             glm("train", "-c", str(CONFIG), *common, f"objective.cvt_unlabelled={unlabelled}", f"train.seed={seed}",
                 f"train.max_steps={steps}", f"train.save_interval={steps}", f"train.out_dir={run}",
                 f"train.warmup_steps={steps // 10}")  # the same schedule over the labelled steps of both
-            metrics = glm("eval", "-c", str(CONFIG), *common, "--checkpoint", str(run / f"checkpoints/step_{steps:08d}"))
+            metrics = glm("eval", "-c", str(CONFIG), *common,
+                          "--checkpoint", str(run / f"checkpoints/step_{steps:08d}"))
             row = {"seed": seed, "steps": steps, "seconds": round(time.perf_counter() - t0, 1),
                    **{k: metrics[k] for k in METRICS}}
             rows[method].append(row)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 PTH_NAME = "glm_gpu_check.pth"
 # name-version(-build)?-python-abi-platform.whl (PEP 427); a tag may be a dotted set (py2.py3)
-WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$")
+WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
+                   r"-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$")
 
 
 def wheels_not_for(wheels: list[str], version: tuple[int, int]) -> list[str]:
@@ -96,7 +97,8 @@ def imports_in_child(python: Path, modules: list[str]) -> dict[str, str]:
     env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True)
     if proc.returncode:
-        sys.exit(f"gpu_check: {python} cannot import {', '.join(modules)} in a clean environment:\n{proc.stderr[-3000:]}")
+        sys.exit(f"gpu_check: {python} cannot import {', '.join(modules)} in a clean environment:\n"
+                 f"{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
 
 

@@ -9,7 +9,8 @@ total divided by the 90% of a GPU ``glm plan`` recommends filling. The CPU keeps
 there only the model states are compared.
 
     python bench/gpu_check_memory.py --json memory.json                        # the GPU check's stage
-    python bench/gpu_check_memory.py --json m.json --flavors gpt2-medium --shrink n_layer=1,d_model=64,n_head=4 --seq-len 64 --batch 2
+    python bench/gpu_check_memory.py --json m.json --flavors gpt2-medium \\
+        --shrink n_layer=1,d_model=64,n_head=4 --seq-len 64 --batch 2
 """
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ def setup(log: Path, work: Path, cuda: bool) -> dict:
 
 def pytest(log: Path, work: Path, cuda: bool) -> dict:
     text = log.read_text(errors="replace")
-    summary = [line.strip("= \n") for line in text.splitlines() if re.search(r"\d+ (passed|failed|errors?|selected|tests? collected)", line)]
+    summary = [line.strip("= \n") for line in text.splitlines()
+               if re.search(r"\d+ (passed|failed|errors?|selected|tests? collected)", line)]
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.MULTILINE)
     return {"summary": summary[-1] if summary else None, "failed": failed}
 
@@ -82,7 +83,8 @@ def throughput(log: Path, work: Path, cuda: bool) -> dict:
     out = {}
     for run in sorted(work.glob("throughput_mb*"), key=lambda p: int(p.name[len("throughput_mb"):])):
         train = _rows(run)
-        out[run.name[len("throughput_"):]] = {"steps": len(train), "tokens_per_s": _median_second_half(train, "tokens_per_s"),
+        out[run.name[len("throughput_"):]] = {"steps": len(train),
+                                              "tokens_per_s": _median_second_half(train, "tokens_per_s"),
                                               "mfu": _median_second_half(train, "mfu"), **_memory(train, cuda)}
     if not out:
         raise StageFailed(f"no throughput_mb* run under {work}")
@@ -169,11 +171,13 @@ def result_text(name: str, s: dict) -> str:
     if s.get("timed_out"):
         return "timed out (stage limit or the check's budget)"
     if name == "setup":
-        return f"torch {s.get('modules', {}).get('torch', '?')}; installed: {' '.join(s.get('installed', [])) or 'nothing'}"
+        return (f"torch {s.get('modules', {}).get('torch', '?')}; "
+                f"installed: {' '.join(s.get('installed', [])) or 'nothing'}")
     if name == "env":
         return f"{s.get('device')}, torch {s.get('torch')}, CUDA {s.get('cuda_version')}"
     if "summary" in s:
-        return (s["summary"] or "no pytest summary") + (f"; failed: {', '.join(s['failed'][:5])}" if s.get("failed") else "")
+        return ((s["summary"] or "no pytest summary")
+                + (f"; failed: {', '.join(s['failed'][:5])}" if s.get("failed") else ""))
     if name == "quickstart" and "steps" in s:
         return (f"{s['steps']} steps, loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, val {s['val_loss']:.3f}, "
                 f"{_num(s['tokens_per_s'])} tok/s, MFU {_pct(s['mfu'])}{_gib(s)}")
@@ -189,7 +193,8 @@ def result_text(name: str, s: dict) -> str:
     if name == "memory" and "rows" in s:
         return "; ".join(f"{r['flavor']} Z{r['zero']}: "
                          + (f"{r['peak_gib']:.1f}/{r['plan_gib']:.1f} GiB ({r['peak_gib'] / r['plan_gib']:.2f})"
-                            if r.get("peak_gib") is not None else f"states {r['states_gib']:.3f}/{r['plan_states_gib']:.3f} GiB")
+                            if r.get("peak_gib") is not None
+                            else f"states {r['states_gib']:.3f}/{r['plan_states_gib']:.3f} GiB")
                          for r in s["rows"])
     if name == "profile":
         parts = []
@@ -197,7 +202,8 @@ def result_text(name: str, s: dict) -> str:
             if not isinstance(p, dict) or "kinds_us" not in p:
                 continue
             total = sum(p["kinds_us"].values()) or 1
-            kinds = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(p["kinds_us"].items(), key=lambda kv: -kv[1])[:5])
+            kinds = ", ".join(f"{k} {v / total:.0%}"
+                              for k, v in sorted(p["kinds_us"].items(), key=lambda kv: -kv[1])[:5])
             idle = f"; GPU idle {p['idle_share']:.1%} of the step" if p.get("idle_share") is not None else ""
             parts.append(f"{mode} ({p['device']}, {p['wall_s_per_step']:.3f} s/step): {kinds}{idle}")
         return "; ".join(parts)
@@ -217,7 +223,8 @@ def summary(out_json: Path) -> str:
 def main() -> None:
     command, out_json = sys.argv[1], Path(sys.argv[2])
     if command == "stage":
-        name, rc, seconds, log, work = sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), Path(sys.argv[6]), Path(sys.argv[7])
+        name, rc, seconds, log, work = (sys.argv[3], int(sys.argv[4]), float(sys.argv[5]),
+                                        Path(sys.argv[6]), Path(sys.argv[7]))
         sys.exit(stage(out_json, name, rc, seconds, log, work))
     if command == "summary":
         print(summary(out_json))

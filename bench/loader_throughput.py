@@ -27,7 +27,8 @@ def shards_for(profile: str, root: str) -> str:
     return out
 
 
-def loader_tokens_per_s(shards_dir: str, objective: str, workers: int, *, seq_len: int, batch: int, seconds: float) -> float:
+def loader_tokens_per_s(shards_dir: str, objective: str, workers: int, *, seq_len: int, batch: int,
+                        seconds: float) -> float:
     kw = dict(objective=objective, seq_len=seq_len, micro_batch_size=batch, seed=0)
     ld = WorkerLoader(shards_dir, num_workers=workers, **kw) if workers else Loader(shards_dir, **kw)
     ld.next_step()  # start-up (workers, first shard) is not throughput
@@ -100,8 +101,10 @@ def main() -> None:
         d = shards_for(PROFILE_FOR[objective], args.root)
         rates = [loader_tokens_per_s(d, objective, w, seq_len=args.seq_len, batch=args.batch, seconds=args.seconds)
                  for w in (0, 1, 2)]
-        print(f"| {objective} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[2]:,.0f} | {max(rates) / fastest_step:.0f}x |")
-    ours, hf = masking_vs_transformers(shards_for("roberta", args.root), seq_len=args.seq_len, batch=args.batch, rounds=40)
+        print(f"| {objective} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[2]:,.0f} | "
+              f"{max(rates) / fastest_step:.0f}x |")
+    ours, hf = masking_vs_transformers(shards_for("roberta", args.root), seq_len=args.seq_len, batch=args.batch,
+                                       rounds=40)
     print(f"\nMLM masking, tokens/s: glm-dist {ours:,.0f} | transformers DataCollatorForLanguageModeling {hf:,.0f} "
           f"| ratio {ours / hf:.2f}x")
 

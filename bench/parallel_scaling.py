@@ -48,7 +48,8 @@ def run(name: str, nproc: int, extra: list[str], shards: str, out: Path, args) -
     dp = nproc // (pp * tp)
     cfg = ["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), f"data.shards_dir={shards}",
            f"train.out_dir={out}", f"model.d_model={args.d_model}", "model.n_layer=4", "model.n_head=4",
-           "data.seq_len=128", f"train.micro_batch_size={micro}", f"train.grad_accum_steps={global_batch // (micro * dp)}",
+           "data.seq_len=128", f"train.micro_batch_size={micro}",
+           f"train.grad_accum_steps={global_batch // (micro * dp)}",
            f"train.max_steps={args.steps}", "train.warmup_steps=1", "train.eval_batches=1", "train.eval_interval=0",
            "train.save_interval=0", "train.plot=false", "logging.wandb=false", "logging.progress=false",
            "logging.log_interval=1", "train.precision=fp32", *extra]
@@ -77,10 +78,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         shards = f"{tmp}/shards"
         prepare_shards(source="embedded", out_dir=shards, vocab_size=2048, shard_max_bytes=256 * 1024)
-        results = {name: run(name, n, extra, shards, Path(tmp) / f"run{i}", args) for i, (name, n, extra) in enumerate(LAYOUTS)}
+        results = {name: run(name, n, extra, shards, Path(tmp) / f"run{i}", args)
+                   for i, (name, n, extra) in enumerate(LAYOUTS)}
     base = results["1 process"]
     print(f"GPT d_model {args.d_model}, 4 layers, seq 128, global batch 16, fp32; {cores} CPU cores\n")
-    print("| layout | processes | tokens/s | vs 1 process | max per-rank model states (MB) | params (MB) | bubble measured | (p-1)/(m+p-1) |")
+    print("| layout | processes | tokens/s | vs 1 process | max per-rank model states (MB) | params (MB) "
+          "| bubble measured | (p-1)/(m+p-1) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for (name, n, _), r in zip(LAYOUTS, results.values()):
         if r["pp"] > 1:

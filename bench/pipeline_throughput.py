@@ -59,7 +59,8 @@ def pydoc_warc(path: str, pages: int) -> tuple[int, int]:
             page = rendered[i % len(rendered)]
             body = page["html"].encode()
             total += len(body)
-            f.write(response_records(f"https://docs.python.example/{i}/{page['name']}.html", "text/html; charset=utf-8", body))
+            f.write(response_records(f"https://docs.python.example/{i}/{page['name']}.html",
+                                     "text/html; charset=utf-8", body))
     return pages, total
 
 
@@ -96,7 +97,8 @@ def extracted_texts(path: str) -> list[str]:
 
 
 def datatrove_steps(c4_words: int, c4_sentences: int):
-    from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
+                                            GopherRepetitionFilter)
 
     return {"gopher_repetition": GopherRepetitionFilter(), "gopher_quality": GopherQualityFilter(),
             "c4": C4QualityFilter(min_words_per_line=c4_words, min_num_sentences=c4_sentences),
@@ -136,7 +138,8 @@ def agreement(texts: list[str]) -> dict[str, tuple[int, int, list[str]]]:
             their = verdict if isinstance(verdict, bool) else verdict[0]
             same += mine == their
             if mine != their and len(disagree) < 3:
-                disagree.append(f"doc {i}: ours {'keep' if mine else fn(text)}, datatrove {'keep' if their else verdict[1]}")
+                disagree.append(f"doc {i}: ours {'keep' if mine else fn(text)}, "
+                                f"datatrove {'keep' if their else verdict[1]}")
         out[name] = (same, len(texts), disagree)
     return out
 
@@ -189,7 +192,8 @@ def main() -> None:
                 ("datatrove: read+trafilatura+4 rule sets (no langid)", t_dt, kept_dt)]
         print("| pipeline | docs/s | MB/s | kept | vs datatrove |\n|---|---:|---:|---:|---:|")
         for name, t, kept in rows:
-            print(f"| {name} | {n / t:.1f} | {size / 1e6 / t:.2f} | {kept if kept is not None else '-'} | {t_dt / t:.1f}x |")
+            print(f"| {name} | {n / t:.1f} | {size / 1e6 / t:.2f} | {kept if kept is not None else '-'} | "
+                  f"{t_dt / t:.1f}x |")
         texts = extracted_texts(path)
         print(f"\nrule agreement on the same {len(texts)} extracted texts (ours vs datatrove, same thresholds):\n")
         print("| rule set | same decision | share |\n|---|---:|---:|")
@@ -202,7 +206,8 @@ def main() -> None:
         mine, theirs = minhash_rates(texts)
         mb = sum(len(t.encode()) for t in texts) / 1e6
         print("\n| MinHash, 112 permutations | docs/s | MB/s | speed-up |\n|---|---:|---:|---:|")
-        print(f"| glm-dist (numpy, vectorised hashing) | {len(texts) / mine:.0f} | {mb / mine:.2f} | {theirs / mine:.1f}x |")
+        print(f"| glm-dist (numpy, vectorised hashing) | {len(texts) / mine:.0f} | {mb / mine:.2f} | "
+              f"{theirs / mine:.1f}x |")
         print(f"| datasketch MinHash.update_batch | {len(texts) / theirs:.0f} | {mb / theirs:.2f} | 1.0x |")
 
 

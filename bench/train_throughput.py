@@ -151,7 +151,8 @@ PROFILE_GROUPS = [
     ("loss (chunked cross entropy)", r"log_softmax|logsumexp|nll_loss|cross_entropy|aten::(exp|sub|gather|scatter)"),
     ("LayerNorm, GELU, softmax", r"layer_norm|gelu|softmax"),
     ("casts and copies", r"aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|t|transpose|view|reshape|as_strided)$"),
-    ("elementwise (add, mul, dropout, ...)", r"aten::(add|add_|mul|mul_|div|div_|where|masked_fill|zero_|fill_|sum|mean)"),
+    ("elementwise (add, mul, dropout, ...)",
+     r"aten::(add|add_|mul|mul_|div|div_|where|masked_fill|zero_|fill_|sum|mean)"),
 ]
 
 # Kinds of GPU kernel (regular expressions over kernel names, case-insensitive, first match): NCCL's
@@ -165,7 +166,8 @@ KERNEL_KINDS = [
     ("attention", r"flash|fmha|attention|sdpa"),
     ("optimizer", r"adam|multi_tensor_apply|foreach|lamb"),
     ("gemm", r"gemm|gemv|nvjet|xmma|cutlass|cublas|triton_tem_"),
-    ("reduction", r"reduce|softmax|layer_?norm|rms_?norm|nll_loss|logsumexp|cross_entropy|welford|cub::|triton_(red|per)_"),
+    ("reduction", r"reduce|softmax|layer_?norm|rms_?norm|nll_loss|logsumexp|cross_entropy|welford|cub::|"
+                  r"triton_(red|per)_"),
     ("elementwise / cast", r"elementwise|vectorized|unrolled|copy|cast|fill|catarray|index|gather|scatter|embedding|"
                            r"gelu|dropout|triton_poi_"),
 ]
@@ -264,7 +266,8 @@ def compare(mcfg, flops_per_token: float, args, x, y, report: dict) -> None:
           f"batch {args.batch} x seq {args.seq_len}; {report['device']}")
     print(f"measured matmul peak (best of n = {', '.join(map(str, PEAK_SIZES[DEVICE]))} -- the sizes that fit in "
           f"{args.peak_budget_s:.0f} s --, 5 repeats each): "
-          + ", ".join(f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})" for d, name in DTYPE_NAMES.items()))
+          + ", ".join(f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})"
+                      for d, name in DTYPE_NAMES.items()))
     print("reference peak: " + ", ".join(f"{name} {reference_peak(name) / 1e9:,.0f} GFLOP/s" if reference_peak(name)
                                          else f"{name} unknown" for name in DTYPE_NAMES.values()) + "\n")
     report["measured_peak_tflops"] = {DTYPE_NAMES[d]: p.flops / 1e12 for d, p in peaks.items()}
@@ -276,7 +279,8 @@ def compare(mcfg, flops_per_token: float, args, x, y, report: dict) -> None:
         measured, reference = peaks[matmul_dtype(mode)].flops, reference_peak(mode)
         peer = "autocast" if mode != "fp32" else "fp32"
         theirs = rates["transformers"]
-        for name, label in (("ours", f"{mode} (peer: {peer})"), ("compiled", f"{mode}, compiled blocks (peer: {peer})")):
+        for name, label in (("ours", f"{mode} (peer: {peer})"),
+                            ("compiled", f"{mode}, compiled blocks (peer: {peer})")):
             if name not in rates:
                 continue
             ours = rates[name]

@@ -138,7 +138,8 @@ def main() -> None:
     mine = out / f"results-{part}-of-{parts}.json"
     results = json.loads(mine.read_text()) if mine.exists() else {}
     jobs = [(name, 1.0, seed) for name in VARIANTS for seed in range(a.seeds)] + [
-        (name, f, seed) for f in (0.01, 0.1) for name in ("full ULMFiT", "from scratch (no LM)") for seed in range(a.seeds)]
+        (name, f, seed) for f in (0.01, 0.1) for name in ("full ULMFiT", "from scratch (no LM)")
+        for seed in range(a.seeds)]
     for name, frac, seed in jobs[part::parts]:
         key = f"{name}|{frac}|{seed}"
         if key not in results:

@@ -97,7 +97,8 @@ def benchmark_items() -> list[dict]:
             continue
         passage = " ".join(_doc_paragraphs(obj)[:2])
         if len(passage.split()) >= 13:
-            items.append({"passage": passage, "question": f"Which function of the {BENCHMARK_MODULE} module is described?",
+            items.append({"passage": passage,
+                          "question": f"Which function of the {BENCHMARK_MODULE} module is described?",
                           "answer": attr})
     return items
 
@@ -106,10 +107,12 @@ def _junk_pages() -> list[tuple[str, str, bytes]]:
     lorem = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et "
              "dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris. ") * 6
     german = ("Die Stadtbibliothek hat am Montag ihre neuen Räume eröffnet. Nach zwei Jahren Bauzeit stehen den Lesern "
-              "nun mehr als hunderttausend Bücher, Zeitschriften und Filme zur Verfügung. Der Bürgermeister dankte allen "
+              "nun mehr als hunderttausend Bücher, Zeitschriften und Filme zur Verfügung. "
+              "Der Bürgermeister dankte allen "
               "Beteiligten und betonte, wie wichtig ein offener Ort für Bildung und Begegnung in der Stadt sei. ") * 3
     french = ("La bibliothèque municipale a ouvert ses nouveaux locaux lundi. Après deux ans de travaux, les lecteurs "
-              "disposent désormais de plus de cent mille livres, revues et films. Le maire a remercié tous ceux qui ont "
+              "disposent désormais de plus de cent mille livres, revues et films. "
+              "Le maire a remercié tous ceux qui ont "
               "participé au projet et a rappelé l'importance d'un lieu ouvert pour l'éducation et la rencontre. ") * 3
     spam = "Buy cheap watches online now. Best prices on cheap watches. " * 40
     def doc(title: str, text: str) -> bytes:
@@ -118,7 +121,8 @@ def _junk_pages() -> list[tuple[str, str, bytes]]:
     return [
         ("http://lorem.example.org/", "text/html; charset=utf-8", doc("Lorem", lorem)),
         ("http://nav.example.org/", "text/html; charset=utf-8",
-         f"<html><body>{NAV}<ul><li><a href='/a'>A</a></li><li><a href='/b'>B</a></li></ul>{FOOTER}</body></html>".encode()),
+         (f"<html><body>{NAV}<ul><li><a href='/a'>A</a></li><li><a href='/b'>B</a></li></ul>"
+          f"{FOOTER}</body></html>").encode()),
         ("http://script.example.org/", "text/html; charset=utf-8",
          b"<html><head><script>var x = {a: 1}; document.write(x);</script></head><body><noscript>Please enable "
          b"JavaScript to view this site.</noscript></body></html>"),
@@ -131,7 +135,8 @@ def _junk_pages() -> list[tuple[str, str, bytes]]:
 def _record(rtype: str, url: str, payload: bytes, content_type: str) -> bytes:
     rid = uuid.uuid5(uuid.NAMESPACE_URL, f"{rtype}:{url}")
     head = (f"WARC/1.0\r\nWARC-Type: {rtype}\r\nWARC-Target-URI: {url}\r\nWARC-Date: {DATE}\r\n"
-            f"WARC-Record-ID: <urn:uuid:{rid}>\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n")
+            f"WARC-Record-ID: <urn:uuid:{rid}>\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n")
     return head.encode() + payload + b"\r\n\r\n"
 
 
@@ -143,7 +148,8 @@ def response_records(url: str, content_type: str, body: bytes, status: str = "20
     """request + response + metadata records for one fetch, each its own gzip member."""
     out = io.BytesIO()
     for rtype, payload, ctype in (
-            ("request", f"GET / HTTP/1.1\r\nHost: {url.split('/')[2]}\r\n\r\n".encode(), "application/http; msgtype=request"),
+            ("request", f"GET / HTTP/1.1\r\nHost: {url.split('/')[2]}\r\n\r\n".encode(),
+             "application/http; msgtype=request"),
             ("response", _http(status, content_type, body), "application/http; msgtype=response"),
             ("metadata", b"fetchTimeMs: 12\r\n", "application/warc-fields")):
         out.write(gzip.compress(_record(rtype, url, payload, ctype), mtime=0))
@@ -170,23 +176,27 @@ def pages() -> list[list[tuple[str, str, bytes, str]]]:
     files[(f + 1) % N_FILES].append((f"https://mirror.example.net/{EXACT_COPY_OF}.html", "text/html; charset=utf-8",
                                      _page(f"{EXACT_COPY_OF} - Python module notes", sections).encode(), "200 OK"))
     f, sections = placed[NEAR_COPY_OF]
-    edited = [(h, [p.replace(" the ", " this ", 1) if k % 3 == 0 else p for k, p in enumerate(ps)]) for h, ps in sections]
+    edited = [(h, [p.replace(" the ", " this ", 1) if k % 3 == 0 else p for k, p in enumerate(ps)])
+              for h, ps in sections]
     files[(f + 2) % N_FILES].append((f"https://copycat.example.org/{NEAR_COPY_OF}", "text/html; charset=utf-8",
                                      _page(f"{NEAR_COPY_OF} - Python module notes", edited).encode(), "200 OK"))
     # Awkward but good pages.
     x_sections = _module_sections("sched")
     xhtml = ('<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Strict//EN" '
-             '"http://www.w3.org/TR/xhtml1/DTD/xhtml1-strict.dtd">\n' + _page("sched", x_sections).split("<!DOCTYPE html>", 1)[1]
+             '"http://www.w3.org/TR/xhtml1/DTD/xhtml1-strict.dtd">\n'
+             + _page("sched", x_sections).split("<!DOCTYPE html>", 1)[1]
              .replace("<html lang=\"en\">", '<html xmlns="http://www.w3.org/1999/xhtml" lang="en">'))
     files[0].append(("https://xhtml.example.com/sched.xhtml", "text/html", xhtml.encode(), "200 OK"))
     latin = _page("Café notes", _module_sections("smtplib") + [("Café", [
         "The café on the corner serves a crème brûlée that regulars describe as the best in the whole town, and the "
         "owner says the recipe has not changed in thirty years."])]).replace('<meta charset="utf-8">', "")
-    files[1].append(("https://latin1.example.com/cafe", "text/html; charset=iso-8859-1", latin.encode("latin-1"), "200 OK"))
+    files[1].append(("https://latin1.example.com/cafe", "text/html; charset=iso-8859-1", latin.encode("latin-1"),
+                     "200 OK"))
     # Junk.
     for k, (url, ctype, body) in enumerate(_junk_pages()):
         files[k % N_FILES].append((url, ctype, body, "200 OK"))
-    files[2].append(("https://docs.example.com/missing.html", "text/html", b"<html><body>Not found</body></html>", "404 Not Found"))
+    files[2].append(("https://docs.example.com/missing.html", "text/html", b"<html><body>Not found</body></html>",
+                     "404 Not Found"))
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
     files[3].append(("https://docs.example.com/logo.png", "image/png", png, "200 OK"))
     return files

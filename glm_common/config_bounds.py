@@ -9,7 +9,8 @@ thresholds) has each of its values checked.
 
 Sizes get upper bounds a few times the largest published model's -- Llama-3.1-405B: 126 layers,
 128 heads, d_model 16,384; PaLM-540B: d_ff 73,728; Llama-4-Scout: a 10M context; word-level
-vocabularies: GloVe 840B (CoVe's inputs) 2.2M words, word2vec GoogleNews 3M -- so that a typo is refused with one line instead of attempting an allocation of terabytes.
+vocabularies: GloVe 840B (CoVe's inputs) 2.2M words, word2vec GoogleNews 3M -- so that a typo is
+refused with one line instead of attempting an allocation of terabytes.
 ``tests/faults/test_config_bounds.py`` proves every int, float and dict key of both schemas has a row.
 """
 from __future__ import annotations
@@ -75,13 +76,15 @@ BOUNDS: dict[str, str] = {
     "extract.max_replacement_frac": "[0, 1]",
     "language.threshold": "[0, 1]", "language.max_chars": f"[1, {2**30}]",
     **{f"gopher_repetition.{k}": "[0, 1]" for k in ("dup_line_frac", "dup_line_char_frac", "dup_para_frac",
-                                                     "dup_para_char_frac", "top_ngram_char_frac", "dup_ngram_char_frac")},
+                                                     "dup_para_char_frac", "top_ngram_char_frac",
+                                                     "dup_ngram_char_frac")},
     "gopher_quality.min_words": f"[0, {COUNT}]", "gopher_quality.max_words": f"[1, {COUNT}]",
     "gopher_quality.min_mean_word_length": "[0, inf)", "gopher_quality.max_mean_word_length": "(0, inf)",
     "gopher_quality.max_symbol_word_ratio": "[0, inf)", "gopher_quality.max_bullet_lines_frac": "[0, 1]",
     "gopher_quality.max_ellipsis_lines_frac": "[0, 1]", "gopher_quality.min_alpha_words_frac": "[0, 1]",
     "gopher_quality.min_stop_words": f"[0, {COUNT}]",
-    "c4.min_words_per_line": f"[0, {COUNT}]", "c4.min_sentences": f"[0, {COUNT}]", "c4.max_word_length": f"[1, {COUNT}]",
+    "c4.min_words_per_line": f"[0, {COUNT}]", "c4.min_sentences": f"[0, {COUNT}]",
+    "c4.max_word_length": f"[1, {COUNT}]",
     "fineweb.min_terminal_punct_lines_frac": "[0, 1]", "fineweb.short_line_chars": f"[0, {COUNT}]",
     "fineweb.max_short_lines_frac": "[0, 1]", "fineweb.max_dup_line_char_frac": "[0, 1]",
     "fineweb.max_newlines_per_word": "[0, inf)",

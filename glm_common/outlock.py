@@ -145,7 +145,8 @@ def stale_reason(holder: dict) -> str | None:
 
 
 def _identity(command: str, token: str) -> dict:
-    return {"command": command, "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_stat(os.getpid())[1],
+    return {"command": command, "host": socket.gethostname(), "pid": os.getpid(),
+            "pid_start": _proc_stat(os.getpid())[1],
             "boot_id": _boot_id(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token}
 
 

@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
 
     _config_args(sub.add_parser("train", help="train (one process, torchrun, deepspeed or srun)"))
 
-    p = sub.add_parser("eval", help="validation loss / perplexity / bits per byte as JSON (-c), or lm-eval tasks (--tasks)")
+    p = sub.add_parser("eval", help="validation loss / perplexity / bits per byte as JSON (-c), "
+                                    "or lm-eval tasks (--tasks)")
     _config_args(p, required=False)
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (…/checkpoints/step_N)")
     p.add_argument("--tasks", help="comma-separated lm-eval tasks (zero/few-shot), instead of validation perplexity")
@@ -92,9 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--task", type=int, help="run only this encoding task (one input file; SLURM array index)")
     tok.add_argument("--prepare-only", action="store_true",
                      help="only write the tokenizer and print the number of encoding tasks")
-    idx = dsub.add_parser("index", help="write the index file (documents' token counts, sentence lengths, byte offsets) "
-                                        "of every shard of DIR that lacks one: random access for shard sets built "
-                                        "before index files existed")
+    idx = dsub.add_parser("index", help="write the index file (documents' token counts, sentence lengths, "
+                                        "byte offsets) of every shard of DIR that lacks one: random access for shard "
+                                        "sets built before index files existed")
     idx.add_argument("dir", help="the shard set (data.shards_dir): a path or an fsspec URL")
     idx.add_argument("--workers", type=int, default=0, help="processes indexing shards (0: one per core)")
     cooc = dsub.add_parser("cooccur", help="GloVe: tokenize into DIR/tokens (word profile), then co-occurrence count "
@@ -111,8 +112,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--stage", help="run only this stage (all its tasks, or --task); for SLURM arrays")
     run.add_argument("--task", type=int, help="with --stage: run only this task")
     run.add_argument("--tasks", action="store_true", help="print each stage's task count as JSON and exit")
-    clf = dsub.add_parser("train-classifier", help="train GPT-3's quality classifier (positives: curated text, negatives: crawl)")
-    clf.add_argument("--positive", nargs="+", required=True, help="curated text: JSONL/Parquet/text/WARC paths or globs")
+    clf = dsub.add_parser("train-classifier",
+                          help="train GPT-3's quality classifier (positives: curated text, negatives: crawl)")
+    clf.add_argument("--positive", nargs="+", required=True,
+                     help="curated text: JSONL/Parquet/text/WARC paths or globs")
     clf.add_argument("--negative", nargs="+", required=True, help="raw crawl: JSONL/Parquet/text/WARC paths or globs")
     clf.add_argument("--out", required=True, help="model file (.npz) for the recipe's classifier.model")
     clf.add_argument("--text-field", default="text")
@@ -126,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     tag.add_argument("--unlabelled", type=int, help="unlabelled sentences (default: all)")
     tag.add_argument("--test", type=int, help="held-out sentences per task (default: all)")
     tag.add_argument("--subset-seed", type=int, default=0, help="which labelled sentences --labelled keeps")
-    task = dsub.add_parser("docstring-task", help="write the built-in classification task (docstring -> module) as JSONL")
+    task = dsub.add_parser("docstring-task",
+                           help="write the built-in classification task (docstring -> module) as JSONL")
     task.add_argument("--out", required=True)
     gtx = dsub.add_parser("gettext", help="translation pairs (English -> a language) from gettext catalogs as "
                                           "train.jsonl / validation.jsonl (held out by message id) and stats.json")
@@ -146,7 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     evt.add_argument("--tasks", help="comma-separated (default: all of glm_dist/eval/tasks)")
     evt.add_argument("--source", help="pydoc_cloze, doc_summary: a JSONL corpus of {id, text} documents "
                      "(default: the embedded one)")
-    evt.add_argument("--wordnet-dir", help="wordnet_mc, wordnet_qa: WordNet's data.* files (default /usr/share/wordnet)")
+    evt.add_argument("--wordnet-dir",
+                     help="wordnet_mc, wordnet_qa: WordNet's data.* files (default /usr/share/wordnet)")
 
     p = sub.add_parser("finetune", help="classification from an encoder or GPT checkpoint, or text-to-text (JSONL/CSV)")
     p.add_argument("--checkpoint", required=True)
@@ -329,7 +334,8 @@ def _run(args: argparse.Namespace) -> int:
                        micro_batch=t.micro_batch_size, global_batch=global_batch,
                        precision="fp32" if t.precision == "fp32" else "bf16", vocab_parallel=par.vocab_parallel,
                        sequence_parallel=par.sequence_parallel)
-        best, ckpt = recommend(layouts, args.gpu_mem, checkpointing=True if cfg.train.activation_checkpointing else None)
+        best, ckpt = recommend(layouts, args.gpu_mem,
+                               checkpointing=True if cfg.train.activation_checkpointing else None)
         if args.json:
             print(json.dumps({"layouts": [vars(lay) for lay in layouts], "recommended": vars(best) if best else None,
                               "activation_checkpointing": ckpt}, indent=1))

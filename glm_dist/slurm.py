@@ -79,8 +79,8 @@ def submit_pipeline(args: argparse.Namespace) -> int:
     """The crawl pipeline: one job array per stage (``data_pipeline/executors/slurm.py``)."""
     from data_pipeline.executors.slurm import submit
 
-    options = [*args.sbatch_arg, *(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in ("time", "partition", "account")
-                                   if getattr(args, f))]
+    options = [*args.sbatch_arg, *(f"--{f.replace('_', '-')}={getattr(args, f)}"
+                                   for f in ("time", "partition", "account") if getattr(args, f))]
     submit(args.config, args.overrides, options=options, dry_run=args.dry_run)
     return 0
 

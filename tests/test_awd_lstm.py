@@ -51,7 +51,8 @@ def test_regularisation_is_on_in_training_only():
     assert torch.equal(model(x)["logits"], model(x)["logits"])
     out = tiny()(x)
     assert torch.equal(out["output"], out["raw_output"])  # no output dropout in evaluation
-    assert out["logits"].shape == (2, 9, 60) and [s[0].shape for s in out["state"]] == [(1, 2, 32), (1, 2, 32), (1, 2, 16)]
+    assert (out["logits"].shape == (2, 9, 60)
+            and [s[0].shape for s in out["state"]] == [(1, 2, 32), (1, 2, 32), (1, 2, 16)])
     tied = out["output"] @ model.embed.weight.T + model.out_bias  # the output layer is the embedding matrix
     assert torch.allclose(out["logits"], tied, atol=1e-6)
 
@@ -104,7 +105,8 @@ def test_bpt3c_windows_with_the_carried_state_equal_one_pass_and_padding_changes
     whole.head.load_state_dict(windows.head.state_dict())
     with torch.no_grad():
         a, b = windows(ids, lengths), whole(ids, lengths)
-        assert torch.allclose(a["output"], b["output"], atol=1e-5) and torch.allclose(a["logits"], b["logits"], atol=1e-5)
+        assert (torch.allclose(a["output"], b["output"], atol=1e-5)
+                and torch.allclose(a["logits"], b["logits"], atol=1e-5))
         for i, d in enumerate(docs):
             alone = windows(torch.tensor([d]), torch.tensor([len(d)]))["logits"][0]
             assert torch.allclose(alone, a["logits"][i], atol=1e-5)

@@ -376,7 +376,8 @@ def test_checkpoints_on_s3_save_resume_and_export(s3_bucket, shards_dir, tmp_pat
     # the tokenizer travels with it from the bucket, and glm eval reads the checkpoint there too
     exported = json.loads((tmp_path / "hf/tokenizer.json").read_text())
     saved = json.loads((tmp_path / "straight/checkpoints/step_00000004/tokenizer.json").read_text())
-    assert exported["model"]["vocab"] == saved["model"]["vocab"] and exported["model"]["merges"] == saved["model"]["merges"]
+    assert (exported["model"]["vocab"] == saved["model"]["vocab"]
+            and exported["model"]["merges"] == saved["model"]["merges"])
     proc = run_glm(["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint", f"{url}/step_00000004"])
     remote_eval = json.loads(proc.stdout[proc.stdout.index("{"):])
     proc = run_glm(["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint",

@@ -297,11 +297,13 @@ def test_cvt_translation_on_two_zero2_ranks_matches_one_process_and_resumes_exac
              "train.save_interval=3"], nproc=2)
     # resumed on one process with ZeRO-3 (the teacher decodes outside the engine's forward: its modules' hooks
     # gather their partitions)
-    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=3", "train.grad_accum_steps=2"])
+    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=3",
+             "train.grad_accum_steps=2"])
     reference, resumed = train_losses(one), train_losses(split)
     print("CVT translation, one process:", [round(x, 5) for x in reference],
           "\ntwo ranks, ZeRO-2, resumed at 3 on one with ZeRO-3:", [round(x, 5) for x in resumed])
-    assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference[:3], resumed[:3])) < 1e-4, (reference, resumed)
+    assert (len(resumed) == 6
+            and max(abs(a - b) for a, b in zip(reference[:3], resumed[:3])) < 1e-4), (reference, resumed)
     # After the resume, ZeRO-3 sums in another order (1e-6 apart): the labelled steps agree to 1e-4, but one
     # hypothesis of the teacher's beam search may flip, which moves an unlabelled step's loss (measured once:
     # step 6, 17.03 against 16.90). They agree to 2%.

@@ -121,7 +121,8 @@ def test_each_auxiliary_view_sees_only_its_side():
     assert same["bwd"] == [i > t for i in range(9)]
     assert same["future"] == [i <= t for i in range(9)]  # reads h_fwd at i - 1: never word i itself
     assert same["past"] == [i >= t for i in range(9)]
-    p, q = (model(x, char_ids=c, mode="supervised")["primary"][0] for x, c in ((ids, chars), (changed_ids, changed_chars)))
+    p, q = (model(x, char_ids=c, mode="supervised")["primary"][0]
+            for x, c in ((ids, chars), (changed_ids, changed_chars)))
     assert not torch.allclose(p[0, 0], q[0, 0]) and not torch.allclose(p[0, 8], q[0, 8])  # the full view sees all
 
 
@@ -199,7 +200,8 @@ def test_alternating_loader_alternates_and_resumes_exactly(tagging):
     resumed.load_state_dict(state)
     for a, b in zip(ahead, [resumed.next_step()[0] for _ in range(5)]):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    supervised = AlternatingLoader(tagging, **{**kw, "options": ObjectiveOptions(tag_counts=(17, 9), cvt_unlabelled=False)})
+    supervised = AlternatingLoader(tagging, **{**kw,
+                                               "options": ObjectiveOptions(tag_counts=(17, 9), cvt_unlabelled=False)})
     assert supervised.unlabelled is None and all("labels" in supervised.next_step()[0] for _ in range(4))
     with pytest.raises(ValueError, match="unlabelled steps"):
         supervised.load_state_dict(state)
@@ -253,7 +255,8 @@ def test_published_cvt_recipe_validates_and_plans():
     assert planned["recommended"] is not None and {(lay["pp"], lay["tp"]) for lay in planned["layouts"]} == {(1, 1)}
     cfg = load_config(recipe)
     validate(cfg)
-    assert (cfg.model.family, cfg.model.flavor, cfg.train.micro_batch_size, cfg.model.dropout) == ("cvt", "cvt", 64, 0.5)
+    assert ((cfg.model.family, cfg.model.flavor, cfg.train.micro_batch_size, cfg.model.dropout)
+            == ("cvt", "cvt", 64, 0.5))
     with torch.device("meta"):
         model = CVT(cvt_config("cvt"))
     assert model.layer1[0].lstm.hidden_size == 1024 and model.layer1[0].lstm.proj_size == 512

@@ -137,7 +137,8 @@ def test_no_citation_of_the_documents_outside_the_repository_remains():
     found = []
     for path in source_files():
         text = path.read_text(encoding="utf-8", errors="replace")
-        found += [f"{path.relative_to(ROOT)}:{line_of(text, m.start())}: {m.group(0)}" for m in OLD_NAMES.finditer(text)]
+        found += [f"{path.relative_to(ROOT)}:{line_of(text, m.start())}: {m.group(0)}"
+                  for m in OLD_NAMES.finditer(text)]
     assert not found, "cite docs/architecture.md or docs/reference.md instead:\n" + "\n".join(found)
 
 

@@ -151,7 +151,8 @@ def test_bilm_windows_give_every_input_its_next_and_previous_token(shards):
     first = loader.next_step()[0]
     ids = first["input_ids"]
     assert ids.shape == (4, 16) and first["char_ids"].shape == (4, 16, 50)
-    assert torch.equal(first["forward_labels"][:, :-1], ids[:, 1:]) and torch.equal(first["backward_labels"][:, 1:], ids[:, :-1])
+    assert (torch.equal(first["forward_labels"][:, :-1], ids[:, 1:])
+            and torch.equal(first["backward_labels"][:, 1:], ids[:, :-1]))
     words = read_manifest(shards("word"))["tokenizer"]["special_ids"]
     table = torch.from_numpy(char_table(words["words"], pad=0, bos=2, eos=3).astype(np.int64))
     assert torch.equal(first["char_ids"], table[ids])
@@ -164,7 +165,8 @@ def test_bilm_marks_documents_and_packs_them_into_windows():
     vocab = Vocab(size=20, ids={"bos": 2, "eos": 3, "pad": 0, "all_specials": [0, 1, 2, 3]})
     docs = iter([Doc(str(i), np.arange(10 + 3 * i, 13 + 3 * i), np.zeros(1)) for i in range(3)])
     builder = BILM.builder(seq_len=4, vocab=vocab, opts=None)
-    windows = [w.tolist() for w in itertools.islice(builder.units(docs), 3)]  # stream: <bos> 10 11 12 <eos> <bos> 13 14 15 <eos> <bos> 16 17 18 <eos>
+    # stream: <bos> 10 11 12 <eos> <bos> 13 14 15 <eos> <bos> 16 17 18 <eos>
+    windows = [w.tolist() for w in itertools.islice(builder.units(docs), 3)]
     assert windows == [[2, 10, 11, 12, 3, 2], [3, 2, 13, 14, 15, 3], [15, 3, 2, 16, 17, 18]]
     sample = BILM.sample(np.array(windows[0]), None, vocab=vocab, opts=None)
     assert sample["input_ids"].tolist() == [10, 11, 12, 3] and "char_ids" not in sample  # no word list: no characters
@@ -225,11 +227,13 @@ def test_tiny_elmo_pretrains_below_the_unigram_baseline_evaluates_and_exports_fe
                         "train.warmup_steps=10", "train.eval_batches=8"))
     s = summary(proc)
     entropy = unigram_entropy(root)
-    print(f"ELMo tiny (word embeddings) after 300 steps: forward / backward / mean perplexity {s['val_forward_perplexity']:.1f} / "
+    print(f"ELMo tiny (word embeddings) after 300 steps: forward / backward / mean perplexity "
+          f"{s['val_forward_perplexity']:.1f} / "
           f"{s['val_backward_perplexity']:.1f} / {s['val_perplexity']:.1f}; unigram {math.exp(entropy):.1f}")
     assert s["val_forward_loss"] < entropy - 0.3 and s["val_backward_loss"] < entropy - 0.3, (s, entropy)
     ckpt = out / "checkpoints/step_00000300"
-    ev = run_glm(["eval", "-c", ELMO, *QUICK, "train.eval_batches=8", f"data.shards_dir={root}", "--checkpoint", str(ckpt)])
+    ev = run_glm(["eval", "-c", ELMO, *QUICK, "train.eval_batches=8", f"data.shards_dir={root}",
+                  "--checkpoint", str(ckpt)])
     metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
     assert metrics["loss"] == pytest.approx(s["val_loss"], abs=1e-4)
     assert metrics["perplexity"] == pytest.approx((metrics["forward_perplexity"] + metrics["backward_perplexity"]) / 2)

@@ -186,7 +186,8 @@ def test_tiny_glove_recipe_trains_vectors_whose_synonyms_are_closer_than_random_
     counts, out = tmp_path / "counts", tmp_path / "run"
     made = last_json(glm(["data", "cooccur", "-c", GLOVE, f"data.shards_dir={counts}"]).stdout)
     assert made["window"] == 10 and made["triples"] > 500_000
-    again = glm(["data", "tokenize", "-c", GLOVE, f"data.shards_dir={counts}"])  # a glove config's tokenize: the same set
+    # a glove config's tokenize: the same set
+    again = glm(["data", "tokenize", "-c", GLOVE, f"data.shards_dir={counts}"])
     assert last_json(again.stdout) == made
     proc = glm(["train", "-c", GLOVE, f"data.shards_dir={counts}", f"train.out_dir={out}", "logging.wandb=false",
                 "logging.progress=false", "train.plot=false"])
@@ -194,7 +195,8 @@ def test_tiny_glove_recipe_trains_vectors_whose_synonyms_are_closer_than_random_
     assert summary["val_loss"] < 0.1 * summary["val_loss_before"], summary
     # a least-squares loss has no perplexity: the log reports the loss, never "perplexity nan"
     assert "validation loss: " in proc.stderr and not re.search(r"\bnan\b", proc.stderr, re.I), proc.stderr[-2000:]
-    vec = glm(["data", "vectors", "--checkpoint", str(out / "checkpoints/step_00001200"), "--out", str(tmp_path / "v.txt")])
+    vec = glm(["data", "vectors", "--checkpoint", str(out / "checkpoints/step_00001200"),
+               "--out", str(tmp_path / "v.txt")])
     exported = last_json(vec.stdout)
     assert exported["dim"] == 50
     words, vectors = read_text(str(tmp_path / "v.txt"))

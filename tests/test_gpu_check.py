@@ -110,13 +110,15 @@ def test_wheels_for_another_python_are_refused_and_pure_or_stable_abi_ones_kept(
     wheels = ["pydantic_core-2.33.2-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
               "hjson-3.1.0-py3-none-any.whl", "six-1.17.0-py2.py3-none-any.whl",
               "zstandard-0.23.0-cp311-cp311-manylinux_2_17_x86_64.whl",
-              "protobuf-6.31.1-cp39-abi3-manylinux2014_x86_64.whl", "cryptography-45.0.0-cp313-abi3-manylinux_2_34_x86_64.whl"]
+              "protobuf-6.31.1-cp39-abi3-manylinux2014_x86_64.whl",
+              "cryptography-45.0.0-cp313-abi3-manylinux_2_34_x86_64.whl"]
     refused = wheels_not_for(wheels, (3, 11))
     assert [r.split(" ")[0] for r in refused] == [wheels[0], wheels[5]]
     assert "for cp312, this Python is 3.11" in refused[0]
     assert [r.split(" ")[0] for r in wheels_not_for(wheels, (3, 12))] == [wheels[3], wheels[5]]
     (tmp_path / wheels[0]).touch()
-    with pytest.raises(SystemExit, match=r"prepared for Python \?, this one is 3.11 .*GLM_GPU_CHECK_PYTHON_VERSION=3.11"):
+    with pytest.raises(SystemExit,
+                       match=r"prepared for Python \?, this one is 3.11 .*GLM_GPU_CHECK_PYTHON_VERSION=3.11"):
         check_wheels(tmp_path, (3, 11))
     (tmp_path / wheels[0]).unlink()
     (tmp_path / "prepared.json").write_text('{"python": "3.12"}')  # pure wheels only, but made for 3.12
@@ -160,7 +162,8 @@ def test_device_profile_counts_each_kernel_once_and_leaves_cpu_rows_out():
     ("triton_poi_fused_gelu_2", "elementwise / cast"),
     ("Memset (Device)", "memcpy"),
     ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "communication"),
-    ("void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>", "elementwise / cast"),
+    ("void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>",
+     "elementwise / cast"),
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>", "reduction"),
     ("void some_new_kernel<float>", "other"),
 ])

@@ -160,7 +160,8 @@ def test_mfu_peak_uses_the_override_then_the_datasheet_then_a_measurement_on_the
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA RTX PRO 6000")
     assert mfu_peak(gpu, "bf16-autocast", measure=True) == 5e12 and measured == [(torch.bfloat16, gpu)]
     assert mfu_peak(torch.device("cpu"), "fp32", measure=False) is None
-    assert mfu_peak(torch.device("cpu"), "fp32", measure=True) == 5e12 and measured[-1] == (torch.float32, torch.device("cpu"))
+    assert (mfu_peak(torch.device("cpu"), "fp32", measure=True) == 5e12
+            and measured[-1] == (torch.float32, torch.device("cpu")))
     monkeypatch.setenv("GLM_PEAK_TFLOPS", "400")
     assert mfu_peak(gpu, "bf16", measure=True) == 400e12
     monkeypatch.setenv("GLM_PEAK_TFLOPS", "fast")

@@ -105,8 +105,8 @@ def test_sampling_respects_top_k_top_p_and_the_seed():
     x = torch.randint(4, 40, (4, 5))
     cfg = GenerationConfig(max_new_tokens=20, strategy="sample", top_k=5, seed=11)
     a, b = generate(ours, x, cfg), generate(ours, x, cfg)
-    assert torch.equal(a, b) and not torch.equal(a, generate(ours, x, GenerationConfig(max_new_tokens=20, strategy="sample",
-                                                                                      top_k=5, seed=12)))
+    assert torch.equal(a, b) and not torch.equal(
+        a, generate(ours, x, GenerationConfig(max_new_tokens=20, strategy="sample", top_k=5, seed=12)))
     with torch.no_grad():  # every sampled token was among the top 5 at its step
         logits_all = ours(a[:, :-1])[:, 4:]
     top5 = logits_all.topk(5, -1).indices

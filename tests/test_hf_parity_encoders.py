@@ -15,7 +15,8 @@ CASES = {
     "roberta": lambda: encoder_config("roberta-tiny", vocab_size=600, n_layer=3),
     "albert": lambda: encoder_config("albert-tiny", vocab_size=600),
     "electra-discriminator": lambda: encoder_config("electra-tiny", vocab_size=600, embedding_size=64),
-    "electra-generator": lambda: replace(generator_config(encoder_config("electra-tiny", embedding_size=64), fraction=0.5),
+    "electra-generator": lambda: replace(generator_config(encoder_config("electra-tiny", embedding_size=64),
+                                                          fraction=0.5),
                                          vocab_size=600),
 }
 
@@ -62,8 +63,8 @@ def test_outputs_match_transformers_after_export(case):
     hf = hf_model_class(cfg)(to_hf_config(cfg)).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours.state_dict(), cfg), strict=False)
     assert not unexpected
-    assert all("position_ids" in k or "token_type_ids" in k or k.endswith("predictions.bias") or k.endswith("lm_head.bias")
-               or k.endswith("generator_lm_head.bias") for k in missing), missing
+    assert all("position_ids" in k or "token_type_ids" in k or k.endswith("predictions.bias")
+               or k.endswith("lm_head.bias") or k.endswith("generator_lm_head.bias") for k in missing), missing
     assert compare(ours, hf, cfg) <= TOL
 
 

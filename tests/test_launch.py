@@ -140,13 +140,15 @@ def test_deepspeed_launcher_with_a_localhost_hostfile(shards_dir, tmp_path):
 
 
 def accelerate(args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.prefix) / "bin/accelerate"), "launch", "--config_file", str(ROOT / "launch/accelerate-deepspeed.yaml"),
+    cmd = [str(Path(sys.prefix) / "bin/accelerate"), "launch",
+           "--config_file", str(ROOT / "launch/accelerate-deepspeed.yaml"),
            "--main_process_port=29641", "-m", "glm_dist.cli", *args]
     return subprocess.run(cmd, cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
 
 
 def test_accelerate_launch_with_the_deepspeed_plugin(shards_dir, tmp_path):
-    proc = accelerate(["train", "-c", TINY, *overrides(shards_dir, tmp_path, "train.max_steps=6", "parallel.zero_stage=2")])
+    proc = accelerate(["train", "-c", TINY,
+                       *overrides(shards_dir, tmp_path, "train.max_steps=6", "parallel.zero_stage=2")])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "world size 2, ZeRO-2" in proc.stderr
     assert len(train_losses(tmp_path)) == 6
@@ -191,7 +193,8 @@ def test_tokenization_as_a_slurm_array_matches_the_local_run(slurm_cluster, corp
                            shard_max_bytes=65536)
     env = clean_env(threads=1) | {"GLM_VENV": sys.prefix}
     proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "slurm", "submit-data", "-c", TINY, *data,
-                           f"data.shards_dir={tmp_path / 'slurm'}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+                           f"data.shards_dir={tmp_path / 'slurm'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     array_job, merge_job = proc.stdout.split()
     log = tmp_path / "slurm-logs"

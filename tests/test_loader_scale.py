@@ -96,7 +96,8 @@ def test_index_files_locate_every_documents_tokens_and_sentences(shards):
         index = json.loads(Path(d, entry["index"]).read_text())
         assert hashlib.sha256(Path(d, entry["index"]).read_bytes()).hexdigest() == entry["index_sha256"]
         tokens = index["members"]["tokens.npy"]
-        assert index["tar_bytes"] == len(data) and index["keys"] == [doc.key for doc in read_shard(f"{d}/{entry['name']}")]
+        assert (index["tar_bytes"] == len(data)
+                and index["keys"] == [doc.key for doc in read_shard(f"{d}/{entry['name']}")])
         for i, doc in enumerate(read_shard(f"{d}/{entry['name']}")):
             at = tokens["offset"][i] + tokens["header"][i]
             assert np.array_equal(np.frombuffer(data[at:at + doc.tokens.nbytes], dtype=index["dtype"]), doc.tokens)
@@ -216,7 +217,8 @@ def test_xlnet_streams_continue_their_rows_and_get_new_regions_each_epoch(shards
 
 # -- the plan cache ---------------------------------------------------------------------------------------
 PLANNED = [("mlm_nsp", "bert", {}), ("sop", "bert", {}), ("denoising", "roberta", {}),
-           ("plm", "xlnet", {"streams": True, "seq_len": 128, "options": ObjectiveOptions(plm_layout="paper", reuse_len=64)}),
+           ("plm", "xlnet", {"streams": True, "seq_len": 128,
+                             "options": ObjectiveOptions(plm_layout="paper", reuse_len=64)}),
            ("bilm", "word", {})]
 
 

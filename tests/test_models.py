@@ -32,7 +32,8 @@ def test_gpt2_counts_equal_transformers_exactly(name):
     cfg = published_flavors("gpt")[name].cfg
     with torch.device("meta"):
         ours = count_parameters(build_model("gpt", cfg))
-        theirs = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.d_model)).num_parameters()
+        theirs = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head,
+                                            n_embd=cfg.d_model)).num_parameters()
     assert ours == theirs
 
 

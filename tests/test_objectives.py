@@ -50,7 +50,8 @@ def test_mlm_matches_transformers_collator_distributionally(shards):
 
     d = shards("roberta")
     tok = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json", bos_token="<s>", eos_token="</s>",
-                                  pad_token="<pad>", unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
+                                  pad_token="<pad>", unk_token="<unk>", mask_token="<mask>", cls_token="<s>",
+                                  sep_token="</s>")
     ld, bs = batches(d, "mlm", n_steps=30)
     ours_in = torch.cat([b["input_ids"] for b in bs])
     ours_lab = torch.cat([b["labels"] for b in bs])
@@ -83,8 +84,10 @@ def test_masks_change_every_epoch_and_replay_on_resume(shards):
     opts = ObjectiveOptions()
     epoch0 = get_objective("clm").sample(unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab, opts=opts)
     assert epoch0["input_ids"].shape == (127,)
-    m0 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab, opts=opts)
-    m1 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab, opts=opts)
+    m0 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab,
+                                     opts=opts)
+    m1 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab,
+                                     opts=opts)
     assert not np.array_equal(m0["labels"], m1["labels"])  # same text, new epoch, new mask
     assert first[0]["input_ids"].shape[0] == 8 and first[0]["input_ids"].shape[1] <= 64  # FULL-SENTENCES: <= max
 
@@ -260,7 +263,8 @@ def test_xlnet_permutation_inputs_match_the_reference_collator_statistics(shards
     tok = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json", mask_token="<mask>", pad_token="<pad>",
                                   unk_token="<unk>", cls_token="<cls>", sep_token="<sep>")
     torch.manual_seed(0)
-    hf = DataCollatorForPermutationLanguageModeling(tok)([{"input_ids": r} for r in torch.cat([b["input_ids"] for b in bs]).tolist()])
+    hf = DataCollatorForPermutationLanguageModeling(tok)([{"input_ids": r}
+                                                          for r in torch.cat([b["input_ids"] for b in bs]).tolist()])
     assert predicted.float().mean().item() == pytest.approx((hf["labels"] != -100).float().mean().item(), abs=0.01)
     assert predicted.float().mean().item() == pytest.approx(1 / 6, abs=0.02)
     diag = torch.diagonal(perm, dim1=1, dim2=2)

@@ -84,7 +84,8 @@ def test_losses_of_given_logits_and_argmax_leave_the_padding_out():
     with vocab_padding(84):
         loss = cross_entropy(logits.requires_grad_(), batch["labels"], reduction="mean", chunk_tokens=32)
         assert torch.equal(predicted(logits), real.argmax(-1))
-    torch.testing.assert_close(loss, F.cross_entropy(real.flatten(0, 1), batch["labels"].flatten()), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, F.cross_entropy(real.flatten(0, 1), batch["labels"].flatten()),
+                               rtol=1e-6, atol=1e-6)
     (grad,) = torch.autograd.grad(loss, logits)
     assert torch.equal(grad[..., VOCAB:], torch.zeros_like(grad[..., VOCAB:]))
 
@@ -193,7 +194,8 @@ with vocab_split(split):
         pred = predicted(logits)
 real = max(0, min(split.end, 300) - split.start)
 out = {"rows": [split.start, split.end], "width": logits.shape[-1], "loss": abs(float(loss) - float(ref)),
-       "given": abs(float(given) - float(ref)), "grad": (wte[:real] - ref_wte[split.start:split.start + real]).abs().max().item(),
+       "given": abs(float(given) - float(ref)),
+       "grad": (wte[:real] - ref_wte[split.start:split.start + real]).abs().max().item(),
        "padding_grad": wte[real:].abs().max().item() if real < wte.shape[0] else 0.0,
        "predicted": bool(torch.equal(pred, whole(batch["input_ids"]).argmax(-1)))}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:

@@ -72,8 +72,10 @@ def test_plan_model_states_match_deepspeeds_estimators(gpus):
         (2, "none", estimate_zero2_model_states_mem_needs(P, gpus, 1, cpu_offload=False)[1]),
         (2, "optimizer", estimate_zero2_model_states_mem_needs(P, gpus, 1, cpu_offload=True)[1]),
         (3, "none", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=False)[1]),
-        (3, "optimizer", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=False)[1]),
-        (3, "optimizer+params", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=True)[1]),
+        (3, "optimizer",
+         estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=False)[1]),
+        (3, "optimizer+params",
+         estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=True)[1]),
     ]
     for zero, offload, theirs in cases:
         ours = sum(model_state_bytes(P, L, gpus, zero, offload)[:3])
@@ -98,8 +100,10 @@ def test_plan_splits_stages_by_parameters_and_reports_the_bubble():
 
 
 def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "plan", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
-                           "model.flavor=gpt3-175b", "model.vocab_size=50257", "data.seq_len=2048", "train.micro_batch_size=1",
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "plan",
+                           "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
+                           "model.flavor=gpt3-175b", "model.vocab_size=50257", "data.seq_len=2048",
+                           "train.micro_batch_size=1",
                            "train.grad_accum_steps=64", "--gpus", "512", "--gpu-mem", "80", "--json"],
                           cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -110,7 +114,8 @@ def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
     # Unsplit and unsharded, 175B cannot fit: every layout that fits splits the model or shards it.
     fitting = [lay for lay in out["layouts"] if lay["weights"] + lay["grads"] + lay["optimizer"] <= 0.9 * 80 * 2**30]
     assert fitting and all(lay["pp"] * lay["tp"] > 1 or lay["zero"] == 3 for lay in fitting)
-    total = best["weights"] + best["grads"] + best["optimizer"] + (best["activations_ckpt"] if out["activation_checkpointing"] else best["activations"])
+    total = (best["weights"] + best["grads"] + best["optimizer"]
+             + (best["activations_ckpt"] if out["activation_checkpointing"] else best["activations"]))
     assert total <= 0.9 * 80 * 2**30
 
 
@@ -118,7 +123,8 @@ def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
 PIPE = ["model.n_layer=4", "model.d_model=64", "model.n_head=4", "data.seq_len=64", "train.micro_batch_size=2",
         "train.warmup_steps=2", "train.eval_batches=2", "train.eval_interval=0", "train.save_interval=0",
         "train.plot=false", "logging.wandb=false", "logging.progress=false", "train.precision=fp32",
-        "train.lr=3e-3", "train.max_steps=5", "logging.log_interval=1", "parallel.zero_stage=0"]  # gradient clipping at 1.0 stays on
+        "train.lr=3e-3", "train.max_steps=5", "logging.log_interval=1",
+        "parallel.zero_stage=0"]  # gradient clipping at 1.0 stays on
 PIPE_TOL = 1e-5  # fp32; pipelines differ from one process only in summation order
 
 
@@ -207,7 +213,8 @@ def test_pipeline_stages_carry_the_models_own_weights():
     mapped = [_source_name(k, 2) for k in keys]
     assert mapped == ["embed.wte.weight", "embed.wpe.weight", "blocks.0.ln_1.weight", "blocks.1.mlp.proj.bias",
                       "head.ln_f.weight", "head.ln_f.bias"]
-    assert set(mapped) <= names and torch.equal(model.state_dict()["head.lm_head.weight"], model.state_dict()["embed.wte.weight"])
+    assert set(mapped) <= names and torch.equal(model.state_dict()["head.lm_head.weight"],
+                                                model.state_dict()["embed.wte.weight"])
 
 
 @pytest.mark.slow
@@ -230,9 +237,11 @@ def test_zero3_model_states_per_rank_shrink_as_one_over_n(shards_dir, tmp_path):
 def test_tensor_and_pipeline_parallelism_are_refused_for_families_without_them():
     t5 = str(ROOT / "configs/experiments/t5-tiny-cpu.yaml")
     xlnet = str(ROOT / "configs/experiments/xlnet-tiny-cpu.yaml")
-    with pytest.raises(ConfigError, match="splits the gpt, bert, roberta, albert, electra, t5, bart families, not xlnet"):
+    with pytest.raises(ConfigError,
+                       match="splits the gpt, bert, roberta, albert, electra, t5, bart families, not xlnet"):
         validate(load_config(xlnet, ["parallel.tensor_parallel=2"]), world_size=2)
-    with pytest.raises(ConfigError, match=r"runs gpt \(clm\), bert \(mlm\), roberta \(mlm\), not t5 \(span_corruption\)"):
+    with pytest.raises(ConfigError,
+                       match=r"runs gpt \(clm\), bert \(mlm\), roberta \(mlm\), not t5 \(span_corruption\)"):
         validate(load_config(t5, ["parallel.pipeline_stages=2"]), world_size=2)
     albert = str(ROOT / "configs/experiments/albert-tiny-cpu.yaml")
     with pytest.raises(ConfigError, match="runs gpt .* not albert"):

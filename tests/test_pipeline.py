@@ -83,7 +83,8 @@ def test_c4_removes_bad_lines_and_drops_bad_pages(tmp_path):
     assert text.splitlines() == ["The first real sentence of the article is here. It goes on for a while.",
                                  "The second line of the article also ends properly.",
                                  "A third line, with more words, closes the article!"]
-    assert drop(quality.c4, page + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.", cfg) == "c4: lorem ipsum"
+    assert drop(quality.c4, page + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.",
+                cfg) == "c4: lorem ipsum"
     assert drop(quality.c4, page + "\nThe function body is { return x; } in this example.", cfg) == "c4: curly bracket"
     assert drop(quality.c4, "Only one sentence here in this short page.", cfg) == "c4: too few sentences"
     words = tmp_path / "bad.txt"
@@ -96,13 +97,15 @@ def test_fineweb_rules():
     cfg = FineWebCfg()
     assert drop(quality.fineweb, PROSE, cfg) is None
     menu = "\n".join(["Home", "Products", "Prices", "About us", "Contact"] * 3 + [PROSE])
-    assert drop(quality.fineweb, menu, cfg) in ("fineweb: too many short lines", "fineweb: too few lines ending in punctuation")
+    assert drop(quality.fineweb, menu, cfg) in ("fineweb: too many short lines",
+                                                "fineweb: too few lines ending in punctuation")
     no_punct = "\n".join(f"this line number {i} has no final punctuation at all and is long enough" for i in range(20))
     assert drop(quality.fineweb, no_punct, cfg) == "fineweb: too few lines ending in punctuation"
     dup = PROSE + "\n" + "\n".join(["Share this article with your friends and family today."] * 3)
     assert drop(quality.fineweb, dup, cfg) == "fineweb: duplicated line chars"
     listing = "\n".join(f"Step{i}." for i in range(100)) + "\n" + PROSE
-    assert drop(quality.fineweb, listing, FineWebCfg(max_short_lines_frac=None)) == "fineweb: too many newlines per word (list-like)"
+    assert (drop(quality.fineweb, listing, FineWebCfg(max_short_lines_frac=None))
+            == "fineweb: too many newlines per word (list-like)")
 
 
 def test_url_block_list_covers_subdomains_and_substrings(tmp_path):
@@ -259,7 +262,8 @@ def test_missing_input_and_unknown_recipe_key_stop_at_once(tmp_path):
                            f"input={tmp_path}/nothing-*.warc.gz", f"output={tmp_path}/o"],
                           cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 2 and "matches no file" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB, "gopher_quality.min_wrds=3",
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB,
+                           "gopher_quality.min_wrds=3",
                            f"output={tmp_path}/o"], cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown key 'gopher_quality.min_wrds'" in proc.stderr
     assert not (tmp_path / "o").exists()
@@ -393,7 +397,8 @@ def test_a_run_killed_midway_and_rerun_gives_byte_identical_output(sample_run, t
     marker = out / "work/markers/filter/00001.json"
     deadline = time.time() + 120
     while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-3000:] if proc.poll() else "timeout"
+        assert proc.poll() is None and time.time() < deadline, (proc.stderr.read().decode()[-3000:] if proc.poll()
+                                                                 else "timeout")
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -479,7 +484,8 @@ def test_output_to_object_storage_is_visible_through_its_manifest_and_resumes_af
                             stderr=subprocess.PIPE)
     deadline = time.time() + 180
     while not fs.exists(f"{url}/work/markers/filter/00001.json"):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-3000:] if proc.poll() else "timeout"
+        assert proc.poll() is None and time.time() < deadline, (proc.stderr.read().decode()[-3000:] if proc.poll()
+                                                                 else "timeout")
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -583,7 +589,8 @@ def test_frequent_benchmark_ngrams_are_ignored_and_missing_fields_reported(tmp_p
                            "decontam.max_doc_freq=20", "decontam.mode=drop_document"],
                           cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert documents(out2) == [] and json.loads((out2 / "contamination.json").read_text())["benchmarks"]["bench"]["dirty"] == 1
+    assert (documents(out2) == []
+            and json.loads((out2 / "contamination.json").read_text())["benchmarks"]["bench"]["dirty"] == 1)
 
 
 # -- SLURM job arrays (the local two-node cluster: tests/conftest.py) --------------------------------
@@ -624,7 +631,8 @@ def classifier_data():
     junk_vocab = ("buy cheap click here login cart price free shipping casino win deal offer now best sale "
                   "discount subscribe follow like share bonus jackpot online order today limited").split()
     good_vocab = " ".join(good).split()
-    bad = [" ".join(rng.choice(junk_vocab if rng.random() < 0.7 else good_vocab) for _ in range(int(rng.integers(15, 40))))
+    bad = [" ".join(rng.choice(junk_vocab if rng.random() < 0.7 else good_vocab)
+                    for _ in range(int(rng.integers(15, 40))))
            for _ in range(len(good))]
     return good, bad
 
@@ -651,13 +659,16 @@ def test_classifier_stage_in_a_recipe(tmp_path):
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in bad[::2]))
     model = tmp_path / "quality.npz"
     proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "train-classifier", "--positive",
-                           str(tmp_path / "good.jsonl"), "--negative", str(tmp_path / "bad.jsonl"), "--out", str(model)],
+                           str(tmp_path / "good.jsonl"), "--negative", str(tmp_path / "bad.jsonl"),
+                           "--out", str(model)],
                           cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    mixed = [{"id": f"g{i}", "text": t} for i, t in enumerate(good[1::2])] + [{"id": f"b{i}", "text": t} for i, t in enumerate(bad[1::2])]
+    mixed = ([{"id": f"g{i}", "text": t} for i, t in enumerate(good[1::2])]
+             + [{"id": f"b{i}", "text": t} for i, t in enumerate(bad[1::2])])
     (tmp_path / "crawl.jsonl").write_text("".join(json.dumps(d) + "\n" for d in mixed))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", str(ROOT / "configs/data/gpt3.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run",
+                           "-c", str(ROOT / "configs/data/gpt3.yaml"),
                            f"input={tmp_path}/crawl.jsonl", f"output={out}", "benchmarks=[]", "stages=[classifier]",
                            "classifier.enabled=true", f"classifier.model={model}", "workers=1"],
                           cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)

@@ -134,7 +134,8 @@ for stage in (0, 1, 2, 3):
 
 # DeepSpeed's optimizer wrapper per ZeRO stage, as glm plan accounts for it (bf16 ZeRO-0 runs as ZeRO-1)
 WRAPPERS = {"bf16": ["BF16_Optimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3"],
-            "fp32": ["SkippableAdamW", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3"]}
+            "fp32": ["SkippableAdamW", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer",
+                     "DeepSpeedZeroOptimizer_Stage3"]}
 
 
 def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
@@ -143,8 +144,8 @@ def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
     script.write_text(ENGINE_SCRIPT)
     cmd = ([sys.executable, str(script)] if world == 1 else
            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(script)])
-    proc = subprocess.run([*cmd, TINY, *TINY_MODEL, f"train.precision={precision}"], cwd=ROOT, env=clean_env(threads=max(1, 2 // world)),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*cmd, TINY, *TINY_MODEL, f"train.precision={precision}"], cwd=ROOT,
+                          env=clean_env(threads=max(1, 2 // world)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = tagged_json(proc.stdout, "ENGINE_BYTES")
     assert len(rows) == 4 * world, proc.stdout[-2000:]

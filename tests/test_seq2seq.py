@@ -159,7 +159,8 @@ def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, tmp_path):
     result = json.loads(out.stdout[out.stdout.index("{"):])
     # The fine-tuned model answers in the task's output space, as generated text, better than the
     # majority class (six pretraining seeds: 0.55 to 0.71 against 0.48 after 12 epochs; 8 epochs were
-    # too few, one seed stayed on the majority answer and CI's run ended below it; see docs/models.md#the-encoder-family).
+    # too few, one seed stayed on the majority answer and CI's run ended below it; see
+    # docs/models.md#the-encoder-family).
     assert result["history"][0]["valid_exact_match"] <= result["valid_exact_match"]
     assert result["valid_exact_match"] > result["majority_baseline"], result
     # most generated answers are one of the task's labels (a 60-step model still misspells some)

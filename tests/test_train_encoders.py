@@ -56,7 +56,8 @@ def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, enc
 
     from transformers import AutoTokenizer, BertForPreTraining
 
-    run_glm(["export-hf", "--checkpoint", str(tmp_path / "two/checkpoints/step_00000040"), "--out", str(tmp_path / "hf")])
+    run_glm(["export-hf", "--checkpoint", str(tmp_path / "two/checkpoints/step_00000040"),
+             "--out", str(tmp_path / "hf")])
     model = BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     enc = tok("return the number of items.", "hello world!", return_tensors="pt")
@@ -70,7 +71,8 @@ def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, enc
     assert (theirs - mine).abs().max().item() < 1e-4
 
 
-def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority_baseline(corpus, encoder_shards, tmp_path):
+def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority_baseline(
+        corpus, encoder_shards, tmp_path):
     run_glm(["train", "-c", experiment("bert"), *QUICK, "train.max_steps=60", f"data.source={corpus}",
              f"data.shards_dir={encoder_shards['bert']}", f"train.out_dir={tmp_path / 'pre'}"])
     run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])

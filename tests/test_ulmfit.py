@@ -63,7 +63,8 @@ def test_slanted_triangular_rates_follow_the_papers_formula():
     curve = [slanted_triangular(t, T, peak=peak) for t in range(T)]
     assert curve.index(max(curve)) == cut and max(curve) == pytest.approx(peak)
     assert curve[0] == pytest.approx(peak / 32) and curve[-1] == pytest.approx(peak / 32 * (1 + 31 / 900))
-    assert all(a < b for a, b in zip(curve[:cut], curve[1:cut + 1])) and all(a > b for a, b in zip(curve[cut:], curve[cut + 1:]))
+    assert (all(a < b for a, b in zip(curve[:cut], curve[1:cut + 1]))
+            and all(a > b for a, b in zip(curve[cut:], curve[cut + 1:])))
     train = load_config(None, ["train.schedule=stlr", "train.lr=0.01", "train.max_steps=1000"]).train
     assert [lr_at(t, train) for t in range(T)] == curve  # glm train's stage-2 schedule is the same function
     assert _tricks(schedule="stlr").lr(100, T, peak) == pytest.approx(peak)
@@ -119,7 +120,8 @@ def test_gradual_unfreezing_trains_one_more_group_from_the_top_each_epoch(kind):
         ids, lengths = pad([[5, 6, 7, 8], [9, 10]], 0)
         forward = lambda: model.loss(model(ids, lengths), torch.tensor([1, 2]))  # noqa: E731
     else:
-        batch = pack([classification([5, 6, 7], SpecialTokens.after(100), 16), classification([8], SpecialTokens.after(100), 16)])
+        batch = pack([classification([5, 6, 7], SpecialTokens.after(100), 16),
+                      classification([8], SpecialTokens.after(100), 16)])
         forward = lambda: model.loss(model(**batch), torch.tensor([1, 2]), 0.5)  # noqa: E731
     for epoch in range(6):
         tricks.start_epoch(epoch)
@@ -165,7 +167,8 @@ def test_adapters_start_near_the_identity_and_only_they_the_norms_and_the_head_l
     expect = {id(p) for a in adapters for p in a.parameters()} | norms | {id(p) for p in head.parameters()}
     assert learned == expect
     named = dict(lm.named_parameters())
-    assert all(not named[n].requires_grad for n in named if n.endswith("attn.proj.weight") or n.endswith("attn.dense.weight"))
+    assert all(not named[n].requires_grad for n in named
+               if n.endswith("attn.proj.weight") or n.endswith("attn.dense.weight"))
 
 
 def test_adapters_are_refused_where_there_are_no_transformer_blocks():
@@ -209,13 +212,15 @@ def test_ulmfit_stages_share_one_lineage_general_lm_target_lm_classifier(shards,
              "train.micro_batch_size=8"]
     general = tmp_path / "general"
     s1 = _result(run_glm(["train", "-c", str(ROOT / "configs/experiments/awd-lstm-tiny-cpu.yaml"), *quick,
-             f"data.shards_dir={shards('word')}", f"train.out_dir={general}", "train.max_steps=40", "train.warmup_steps=4"]))
+             f"data.shards_dir={shards('word')}", f"train.out_dir={general}", "train.max_steps=40",
+             "train.warmup_steps=4"]))
     stage1 = general / "checkpoints/step_00000040"
     task, text = _docstring_rows(tmp_path)
     target = tmp_path / "target"
     proc = run_glm(["train", "-c", str(ROOT / "configs/experiments/ulmfit-target-lm-tiny-cpu.yaml"), *quick,
                     f"data.source={text}", f"data.tokenizer={stage1}/tokenizer.json", f"data.shards_dir={tmp_path}/ts",
-                    "data.val_per_mille=100", f"train.out_dir={target}", f"train.init_from={stage1}", "train.max_steps=10"])
+                    "data.val_per_mille=100", f"train.out_dir={target}", f"train.init_from={stage1}",
+                    "train.max_steps=10"])
     s = _result(proc)
     print(f"stage 2 from stage 1's weights: validation loss {s['val_loss_before']:.3f} -> {s['val_loss']:.3f}; "
           f"stage 1 untrained {s1['val_loss_before']:.3f}")
@@ -236,7 +241,8 @@ def test_ulmfit_stages_share_one_lineage_general_lm_target_lm_classifier(shards,
     history = result["history"]
     # near it, not on it: the 56 held-out examples move 0.018 each (0.429 in one CI run, when the split
     # still hashed the corpus's tmp path and so changed the 40-step LM from run to run)
-    assert history[-1]["loss"] < history[0]["loss"] - 0.3 and result["valid_accuracy"] >= result["majority_baseline"] - 0.1
+    assert (history[-1]["loss"] < history[0]["loss"] - 0.3
+            and result["valid_accuracy"] >= result["majority_baseline"] - 0.1)
     assert (out / "model.safetensors").exists()
 
 
@@ -245,14 +251,16 @@ def test_a_gpt_fine_tuned_with_adapters_keeps_its_pretrained_weights(shards_dir,
     from glm_dist.eval.run import load_checkpoint_model
     from tests.conftest import FAST
 
-    run_glm(["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), *FAST, f"data.shards_dir={shards_dir}",
-             "data.vocab_size=2048", "model.vocab_size=2048", "train.max_steps=10", f"train.out_dir={tmp_path / 'pre'}"])
+    run_glm(["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), *FAST,
+             f"data.shards_dir={shards_dir}", "data.vocab_size=2048", "model.vocab_size=2048", "train.max_steps=10",
+             f"train.out_dir={tmp_path / 'pre'}"])
     ckpt = str(tmp_path / "pre/checkpoints/step_00000010")
     task, _ = _docstring_rows(tmp_path)
     result = _result(run_glm(["finetune", "--checkpoint", ckpt, "--train", task, "--epochs", "2", "--lr", "3e-3",
                               "--adapters", "8", "--schedule", "stlr", "--discriminative-lr", "2.6",
                               "--gradual-unfreezing", "--out", str(tmp_path / "ft")]))
-    assert result["settings"]["adapters"] == 8 and result["settings"]["layer_groups"] == 4  # embed, block, block + head, W_y
+    assert (result["settings"]["adapters"] == 8
+            and result["settings"]["layer_groups"] == 4)  # embed, block, block + head, W_y
     from safetensors.torch import load_file
 
     tuned = load_file(tmp_path / "ft/model.safetensors")

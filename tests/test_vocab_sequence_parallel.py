@@ -89,11 +89,14 @@ upstream = torch.randn(*ids.shape, C)
 (lookup(ids) * upstream).sum().backward()
 (lookup_full(ids) * upstream).sum().backward()
 report["ops"] = {
-    "rows": [s, e], "logits_nll": abs(nll.item() / ref.item() - 1), "logits_grad": diff(local.grad, logits.grad[:, s:e]),
-    "argmax": argmax_ok, "fused_nll": abs(ce.nll.item() / ref.item() - 1), "fused_hidden_grad": diff(h.grad, ref_hidden),
+    "rows": [s, e], "logits_nll": abs(nll.item() / ref.item() - 1),
+    "logits_grad": diff(local.grad, logits.grad[:, s:e]),
+    "argmax": argmax_ok, "fused_nll": abs(ce.nll.item() / ref.item() - 1),
+    "fused_hidden_grad": diff(h.grad, ref_hidden),
     "fused_weight_grad": diff(emb.weight.grad, logits.grad.T[s:e] @ hidden),
     "fused_bias_grad": diff(out.bias.grad, logits.grad.sum(0)[s:e]),
-    "lookup": diff(lookup(ids), lookup_full(ids)), "lookup_grad": diff(lookup.weight.grad, lookup_full.weight.grad[s:e])}
+    "lookup": diff(lookup(ids), lookup_full(ids)),
+    "lookup_grad": diff(lookup.weight.grad, lookup_full.weight.grad[s:e])}
 
 
 # -- 2. GPT (clm) and RoBERTa (mlm): whole, TP (vocabulary split), TP + SP --------------------------

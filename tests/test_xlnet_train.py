@@ -47,7 +47,8 @@ def unigram_baselines(shards: str) -> tuple[float, float]:
     for _ in range(20):
         targets = loader.next_step()[0]["target_labels"]
         train.update(targets[targets != -100].tolist())
-    for batch, _ in validation_batches(shards, seq_len=64, micro_batch_size=16, num_batches=WHOLE_SPLIT, objective="plm"):
+    for batch, _ in validation_batches(shards, seq_len=64, micro_batch_size=16, num_batches=WHOLE_SPLIT,
+                                       objective="plm"):
         targets = batch["target_labels"]
         val.update(targets[targets != -100].tolist())
     n_train, n_val = sum(train.values()), sum(val.values())

@@ -245,7 +245,8 @@ def prepare_cooccurrence(spec: CooccurSpec, tokenize: dict, *, workers: int = 0,
     return build_counts(spec, workers=workers, stage=stage, task=task)
 
 
-def build_counts(spec: CooccurSpec, *, workers: int = 0, stage: str | None = None, task: int | None = None) -> dict | None:
+def build_counts(spec: CooccurSpec, *, workers: int = 0, stage: str | None = None,
+                 task: int | None = None) -> dict | None:
     """The count set over ``<out_dir>/tokens`` (all stages), or one ``stage`` (``map`` | ``reduce``),
     or one ``task`` of it (SLURM arrays). Returns the manifest when complete."""
     fs, root = fsspec.core.url_to_fs(spec.out_dir)

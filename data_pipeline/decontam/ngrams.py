@@ -88,7 +88,8 @@ def build_index(files: list[str], cfg: DecontamCfg, stats: Stats) -> BenchmarkIn
             items.append({"benchmark": bench, "item": lineno, "id": _item_id(record),
                           "words": len(normalize(text, "janitor").split())})
             if len(grams) == 0:
-                stats.error("benchmark item shorter than n words", path, lineno, f"fewer than {cfg.n} words: not checkable")
+                stats.error("benchmark item shorter than n words", path, lineno,
+                            f"fewer than {cfg.n} words: not checkable")
                 continue
             hashes.append(grams)
             owners.append(np.full(len(grams), len(items) - 1, dtype=np.int64))

@@ -8,9 +8,9 @@ the document of each component that comes first in (input file, position) order 
 whatever the executor.
 
 Signatures follow FineWeb: word 5-grams of simplified text (lowercase, digits -> 0, punctuation
-removed), 14 bands x 8 rows = 112 permutations (similarity threshold ~0.72). Shingle hashes come from byte prefix sums over the normalised text
-(``hashing.window_hashes``) and the 112 permutations run as one blocked matrix operation per
-document (see :class:`MinHasher`).
+removed), 14 bands x 8 rows = 112 permutations (similarity threshold ~0.72). Shingle hashes come
+from byte prefix sums over the normalised text (``hashing.window_hashes``) and the 112 permutations
+run as one blocked matrix operation per document (see :class:`MinHasher`).
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ class MinHasher:
     def __init__(self, bands: int = 14, rows: int = 8, ngram: int = 5, seed: int = 1) -> None:
         self.bands, self.rows, self.ngram = bands, rows, ngram
         rng = np.random.default_rng(seed)
-        self.a = (rng.integers(0, 2**31, size=bands * rows, dtype=np.uint32) * np.uint32(2) + np.uint32(1)).astype(np.uint32)
+        self.a = (rng.integers(0, 2**31, size=bands * rows, dtype=np.uint32) * np.uint32(2)
+                  + np.uint32(1)).astype(np.uint32)
 
     def signature(self, text: str) -> np.ndarray:
         # A repeated shingle does not change a minimum: no need to deduplicate them first.

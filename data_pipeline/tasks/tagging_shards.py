@@ -5,10 +5,11 @@ Each document is one sentence: a structured array of ``TAGGED`` records, one per
 id, its tag (in one tag space over all tasks: task k's tags are numbered from the sum of the
 earlier tasks' tag counts) and its task; an unlabelled sentence has tag and task -1. Splits:
 ``train`` the unlabelled sentences, ``labelled-<k>`` task k's training sentences (``labelled_limit``
-of them -- one limit, or one per task -- drawn with ``subset_seed + k``), ``validation`` every task's held-out sentences. The tokenizer
-is the ``word`` profile's kind (WordLevel over the same ``\\w+ | [^\\w\\s]+`` words) but keeps case
--- ``List`` is not ``list`` -- and is trained on the unlabelled and the labelled training words, never
-the held-out ones. ``manifest.json`` (written last) lists the tasks and their tags under ``tagging``.
+of them -- one limit, or one per task -- drawn with ``subset_seed + k``), ``validation`` every
+task's held-out sentences. The tokenizer is the ``word`` profile's kind (WordLevel over the same
+``\\w+ | [^\\w\\s]+`` words) but keeps case -- ``List`` is not ``list`` -- and is trained on the
+unlabelled and the labelled training words, never the held-out ones. ``manifest.json`` (written
+last) lists the tasks and their tags under ``tagging``.
 """
 from __future__ import annotations
 

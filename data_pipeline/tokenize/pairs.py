@@ -175,7 +175,8 @@ def prepare_pairs(spec: PairSpec) -> dict:
         "references": "validation-pairs.jsonl",
         "splits": shards,
         "source": {"spec": spec.source, "documents": counts["train"] + counts["validation"] + counts["unlabelled"],
-                   "labelled_pairs": counts["train"], "unlabelled_sources": counts["unlabelled"], "skipped": dict(skipped),
+                   "labelled_pairs": counts["train"], "unlabelled_sources": counts["unlabelled"],
+                   "skipped": dict(skipped),
                    "source_unknown_rate": counts["unknown_source"] / max(counts["source_tokens"], 1)},
     }
     write_manifest(str(out), manifest)

@@ -323,7 +323,8 @@ def prepare_shards(*, workers: int = 0, task: int | None = None, **kwargs) -> di
     tok = ensure_tokenizer(spec, files)
     if task is not None:
         if not 0 <= task < len(files):
-            raise ValueError(f"task {task} out of range: {spec.source!r} has {len(files)} input files (tasks 0..{len(files) - 1})")
+            raise ValueError(f"task {task} out of range: {spec.source!r} has {len(files)} input files "
+                             f"(tasks 0..{len(files) - 1})")
         encode_task(spec, files, task)
         return None
     pending = [t for t in range(len(files)) if not fs.exists(f"{root}/.tasks/{t:05d}.json")]

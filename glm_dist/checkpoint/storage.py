@@ -133,7 +133,8 @@ class Storage:
         if self.local:
             return sorted(os.listdir(self._p(rel))) if os.path.isdir(self._p(rel)) else []
         try:
-            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self._p(rel), detail=False, refresh=True))
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1]
+                          for p in self.fs.ls(self._p(rel), detail=False, refresh=True))
         except FileNotFoundError:
             return []
 

@@ -103,7 +103,8 @@ def _check_checkpoint_locations(cfg: Config) -> None:
     if cfg.train.deepspeed_checkpoint and "://" in (cfg.train.checkpoint_dir or ""):
         raise ConfigError(f"train.deepspeed_checkpoint=true writes DeepSpeed's files with local paths; "
                           f"train.checkpoint_dir={cfg.train.checkpoint_dir!r} is a URL -- use a local or shared "
-                          f"filesystem, or leave train.deepspeed_checkpoint off ({source_of(cfg, 'train.checkpoint_dir')})")
+                          f"filesystem, or leave train.deepspeed_checkpoint off "
+                          f"({source_of(cfg, 'train.checkpoint_dir')})")
 
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:
@@ -156,10 +157,10 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
                           f"({where('train.warmup_steps')})")
     p = cfg.parallel
     if t.optimizer in ("lamb", "adafactor") and (p.zero_stage > 0 or t.precision == "bf16"):
-        raise ConfigError(f"train.optimizer={t.optimizer} needs parallel.zero_stage=0 and train.precision fp32 or bf16-autocast "
-                          f"(got ZeRO-{p.zero_stage}, {t.precision}): ZeRO and DeepSpeed's bf16 optimizer flatten "
-                          f"parameters into one buffer, which would turn its per-matrix statistics (LAMB's trust ratio, "
-                          f"Adafactor's factored moments) into one per group")
+        raise ConfigError(f"train.optimizer={t.optimizer} needs parallel.zero_stage=0 and train.precision fp32 or "
+                          f"bf16-autocast (got ZeRO-{p.zero_stage}, {t.precision}): ZeRO and DeepSpeed's bf16 "
+                          f"optimizer flatten parameters into one buffer, which would turn its per-matrix statistics "
+                          f"(LAMB's trust ratio, Adafactor's factored moments) into one per group")
     if p.offload_optimizer and p.zero_stage == 0:
         raise ConfigError(f"parallel.offload_optimizer needs parallel.zero_stage >= 1 "
                           f"(it is 0; {where('parallel.offload_optimizer')})")
@@ -188,7 +189,8 @@ def check_eval(cfg: Config) -> None:
                           f"({source_of(cfg, 'eval.tasks')})")
     if e.tasks and (p.pipeline_stages > 1 or p.tensor_parallel > 1 or p.zero_stage == 3):
         raise ConfigError(f"eval.tasks runs on whole models on each data-parallel rank; this run has "
-                          f"parallel.pipeline_stages={p.pipeline_stages}, parallel.tensor_parallel={p.tensor_parallel}, "
+                          f"parallel.pipeline_stages={p.pipeline_stages}, "
+                          f"parallel.tensor_parallel={p.tensor_parallel}, "
                           f"parallel.zero_stage={p.zero_stage} -- score its checkpoints with glm eval --tasks instead "
                           f"({source_of(cfg, 'eval.tasks')})")
 

@@ -56,7 +56,8 @@ class DataConfig:
     max_record_mb: float = _f(10.0, "a JSON line or text file larger than this is skipped and counted "
                                     "(manifest source.skipped.record_too_large), never buffered whole")
     shards_dir: str = _f("data/embedded-gpt2", "where the tokenizer, shards and manifest.json live")
-    tokenizer: str = _f("train", "'train' a tokenizer of data.tokenizer_profile on the source, or a tokenizer.json path")
+    tokenizer: str = _f("train", "'train' a tokenizer of data.tokenizer_profile on the source, "
+                                 "or a tokenizer.json path")
     tokenizer_profile: str = _f("gpt2", "gpt2 | roberta (also BART) | bert (also ELECTRA) | albert | t5 | xlnet | "
                                         "word (GloVe, ELMo): the kind (byte BPE / WordPiece / Unigram / WordLevel) "
                                         "and special tokens")
@@ -126,11 +127,12 @@ class TrainConfig:
     warmup_steps: int = _f(30, "linear warmup steps")
     schedule: Literal["cosine", "linear", "constant", "inverse_sqrt", "stlr"] = _f(
         "cosine", "decay after warmup; inverse_sqrt (T5): lr / sqrt(max(step, warmup_steps)), constant during warmup; "
-                  "stlr (ULMFiT): slanted triangular over max_steps (train.stlr_cut_frac, train.stlr_ratio; no warmup_steps)")
+                  "stlr (ULMFiT): slanted triangular over max_steps (train.stlr_cut_frac, train.stlr_ratio; "
+                  "no warmup_steps)")
     stlr_cut_frac: float = _f(0.1, "stlr: the fraction of max_steps the rate rises for")
     stlr_ratio: float = _f(32.0, "stlr: how much smaller the lowest rate is than the peak")
-    discriminative_lr: float = _f(0.0, "ULMFiT's discriminative fine-tuning: each layer group below the top learns at the "
-                                       "rate of the group above / this factor (2.6; 0: one rate for all)")
+    discriminative_lr: float = _f(0.0, "ULMFiT's discriminative fine-tuning: each layer group below the top "
+                                       "learns at the rate of the group above / this factor (2.6; 0: one rate for all)")
     init_from: Optional[str] = _f(None, "start from this checkpoint's weights (same family and tokenizer) with a new "
                                         "optimizer, schedule and data position: fine-tuning an LM on a target "
                                         "task's text (ULMFiT's second stage); train.resume still continues this run")
@@ -164,7 +166,8 @@ class TrainConfig:
         "every layout -- a pipeline stage builds only its own layers, ZeRO-3 builds the model partitioned "
         "(deepspeed.zero.Init) -- for sizes whose whole model does not fit a host")
     checkpoint_dir: Optional[str] = _f(
-        None, "where checkpoints go: a path or an fsspec URL (s3://bucket/prefix, gs://...); default out_dir/checkpoints")
+        None, "where checkpoints go: a path or an fsspec URL (s3://bucket/prefix, gs://...); "
+              "default out_dir/checkpoints")
     deepspeed_checkpoint: bool = _f(False, "also write DeepSpeed's own checkpoint files (state/) beside the sharded "
                                     "format (a local checkpoint_dir only; resume always reads the sharded format)")
     keep_every: int = _f(0, "also keep every checkpoint whose step is a multiple of M (0: none)")
@@ -196,7 +199,8 @@ class ParallelConfig:
     sequence_parallel: bool = _f(False, "under tensor parallelism, cut the LayerNorm / dropout / residual regions "
                                  "along the sequence (Korthikanti et al. 2022): activations there 1/tensor_parallel "
                                  "per rank, all-gather + reduce-scatter instead of all-reduce")
-    gpus_per_node: Optional[int] = _f(None, "for layout checks and glm plan: ranks per node (tensor parallelism stays inside a node)")
+    gpus_per_node: Optional[int] = _f(None, "for layout checks and glm plan: ranks per node "
+                                            "(tensor parallelism stays inside a node)")
     collective_timeout_s: float = _f(1800.0, "a collective that some rank does not join within this many seconds "
                                      "stops the run, naming the missing ranks (gloo; NCCL's watchdog aborts)")
 

@@ -94,8 +94,9 @@ class AlternatingLoader:
                              f"{state.get('format')!r}): resume a run of the same objective")
         if len(state["labelled"]) != len(self.labelled) or (state["unlabelled"] is None) != (self.unlabelled is None):
             raise ValueError(f"the data position was saved for {len(state['labelled'])} labelled splits "
-                             f"{'with' if state['unlabelled'] is not None else 'without'} unlabelled steps; this run has "
-                             f"{len(self.labelled)} {'with' if self.unlabelled is not None else 'without'}: resume with "
+                             f"{'with' if state['unlabelled'] is not None else 'without'} unlabelled steps; "
+                             f"this run has {len(self.labelled)} "
+                             f"{'with' if self.unlabelled is not None else 'without'}: resume with "
                              f"the same shard set and objective.cvt_unlabelled")
         for loader, saved in zip(self.labelled, state["labelled"]):
             loader.load_state_dict(saved)

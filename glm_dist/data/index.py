@@ -109,7 +109,8 @@ def read_index(root: str, entry: dict) -> ParsedIndex:
             raise ValueError("its SHA-256 differs from manifest.json's")
         return parse_index(data, entry)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ShardIndexError(f"index {url} is unusable ({type(err).__name__}: {err}); run glm data index {root}") from None
+        raise ShardIndexError(f"index {url} is unusable ({type(err).__name__}: {err}); "
+                              f"run glm data index {root}") from None
 
 
 # -- the indexer: glm data index DIR ----------------------------------------------------------------
@@ -270,7 +271,8 @@ def _build(root: str, entries: list[dict], workers: int = 1) -> DocTable:
     if len(dtypes) > 1:
         raise ShardSetError(f"the shards of {root} mix token dtypes ({', '.join(sorted(dtypes))}); rebuild them")
     empty = np.zeros(0, dtype=np.int64)
-    cols = [p if not isinstance(p, str) else ParsedIndex(empty, empty, empty, empty, np.dtype("<u2"), 0) for p in parsed]
+    cols = [p if not isinstance(p, str) else ParsedIndex(empty, empty, empty, empty, np.dtype("<u2"), 0)
+            for p in parsed]
     counts = np.asarray([len(c.num_tokens) for c in cols], dtype=np.int64)
     sentence_counts = np.concatenate([empty] + [c.sentence_counts for c in cols])
     return DocTable(

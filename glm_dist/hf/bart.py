@@ -38,7 +38,8 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def to_hf_config(cfg: BartConfig, *, bos_id: int = 0, eos_id: int = 2):
     from transformers import BartConfig as HFConfig
 
-    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_layer, decoder_layers=cfg.n_layer,
+    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_layer,
+                    decoder_layers=cfg.n_layer,
                     encoder_attention_heads=cfg.n_head, decoder_attention_heads=cfg.n_head, encoder_ffn_dim=cfg.d_ff,
                     decoder_ffn_dim=cfg.d_ff, max_position_embeddings=cfg.context_length, dropout=0.0,
                     attention_dropout=0.0, activation_dropout=0.0, activation_function="gelu", pad_token_id=cfg.pad_id,

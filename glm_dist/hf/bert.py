@@ -56,7 +56,8 @@ def hf_name(ours: str, cfg: EncoderConfig) -> str:
     raise KeyError(f"no transformers name for {ours!r}")
 
 
-def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], ours_keys: list[str], cfg: EncoderConfig) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], ours_keys: list[str],
+                       cfg: EncoderConfig) -> dict[str, torch.Tensor]:
     """Our state dict from transformers' (every key of ours must be found)."""
     return {key: hf_sd[hf_name(key, cfg)] for key in ours_keys}
 

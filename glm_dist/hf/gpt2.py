@@ -52,7 +52,8 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not m:
             raise KeyError(f"no transformers name for parameter {key!r}")
         layer, part, kind = m.groups()
-        out[f"transformer.h.{layer}.{_BLOCK[part]}.{kind}"] = value.t() if part in _CONV1D and kind == "weight" else value
+        out[f"transformer.h.{layer}.{_BLOCK[part]}.{kind}"] = (value.t() if part in _CONV1D and kind == "weight"
+                                                               else value)
     return out
 
 

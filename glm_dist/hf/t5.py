@@ -43,8 +43,9 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def to_hf_config(cfg: T5Config, *, eos_id: int = 1):
     from transformers import T5Config as HFConfig
 
-    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff, num_layers=cfg.n_layer,
-                    num_decoder_layers=cfg.n_layer, num_heads=cfg.n_head, relative_attention_num_buckets=cfg.num_buckets,
+    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
+                    num_layers=cfg.n_layer, num_decoder_layers=cfg.n_layer, num_heads=cfg.n_head,
+                    relative_attention_num_buckets=cfg.num_buckets,
                     relative_attention_max_distance=cfg.max_distance, dropout_rate=0.0,
                     layer_norm_epsilon=cfg.layer_norm_eps, feed_forward_proj="gated-gelu" if cfg.gated else "relu",
                     tie_word_embeddings=cfg.tied, pad_token_id=cfg.pad_id, eos_token_id=eos_id,

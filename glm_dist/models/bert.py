@@ -43,7 +43,8 @@ class EncoderConfig:
     activation: str = "gelu"  # gelu (erf) | gelu_new (tanh)
     layer_norm_eps: float = 1e-12
     dropout: float = 0.0
-    head: str = "mlm_nsp"  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (ALBERT) | rtd (ELECTRA disc.) | gen (ELECTRA gen.)
+    # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (ALBERT) | rtd (ELECTRA disc.) | gen (ELECTRA gen.)
+    head: str = "mlm_nsp"
     generator_fraction: float = 0.0  # ELECTRA: generator width / discriminator width (1/4 small, 1/3 base, large)
 
     @property
@@ -87,7 +88,8 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.attn = attention or SelfAttention(cfg)
         self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = ffn or nn.ModuleDict({"fc": nn.Linear(cfg.d_model, cfg.d_ff), "proj": nn.Linear(cfg.d_ff, cfg.d_model)})
+        self.ffn = ffn or nn.ModuleDict({"fc": nn.Linear(cfg.d_model, cfg.d_ff),
+                                         "proj": nn.Linear(cfg.d_ff, cfg.d_model)})
         self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.act, self.drop = _act(cfg.activation), nn.Dropout(cfg.dropout)
 

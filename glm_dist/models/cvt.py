@@ -160,7 +160,8 @@ class CVT(nn.Module):
         supervised step runs the primary ones, an unlabelled step the auxiliary ones; counted as
         the larger), each convolution weight at each of a word's 50 character positions."""
         uses = sum(p.numel() for m in (*self.layer1, *self.layer2) for p in m.parameters())
-        uses += max(sum(p.numel() for p in self.primary.parameters()), sum(p.numel() for p in self.auxiliary.parameters()))
+        uses += max(sum(p.numel() for p in self.primary.parameters()),
+                    sum(p.numel() for p in self.auxiliary.parameters()))
         if self.cfg.char_cnn:
             uses += MAX_CHARS * sum(p.numel() for p in self.chars.convs.parameters())
             uses += sum(p.numel() for p in self.chars.proj.parameters())

@@ -117,7 +117,8 @@ class ELMo(nn.Module):
         bwd = self._direction(self.backward_lm, x, lengths, reverse=True)
         out = {"forward_logits": self.softmax(self.drop(fwd[-1])), "backward_logits": self.softmax(self.drop(bwd[-1]))}
         if layers:
-            out["layers"] = torch.stack([torch.cat([x, x], dim=-1)] + [torch.cat(pair, dim=-1) for pair in zip(fwd, bwd)])
+            out["layers"] = torch.stack([torch.cat([x, x], dim=-1)]
+                                        + [torch.cat(pair, dim=-1) for pair in zip(fwd, bwd)])
         return out
 
     def num_params(self, *, softmax: bool = True) -> int:

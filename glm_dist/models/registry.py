@@ -38,7 +38,8 @@ class FamilySpec:
     # (attention heads, FFN width); empty: the family does not tensor-split
     tensor_plans: dict = field(default_factory=dict)
     vocab_parallel: bool = False  # under tensor parallelism, its token embedding and tied output split by vocabulary
-    sequence_parallel: bool = False  # its layers() list (embedding, blocks, head) cut along the sequence between the ends
+    # its layers() list (embedding, blocks, head) cut along the sequence between the ends
+    sequence_parallel: bool = False
     next_token_logits: bool = False  # a decoder-only LM: forward(ids (B, T)) -> logits (B, T, V) (rolling
     # perplexity of documents, lm-eval tasks in the training loop)
     # train.init=local: model config -> the std of each parameter's normal draw by its name (parallel/init.py
@@ -56,7 +57,8 @@ class FamilySpec:
     # "module:function" (model, manifest, shards_dir): before training, set what is read from the data set, not
     # learned (CoVe's frozen GloVe table)
     prepare: str | None = None
-    adapter_sites: tuple[str, ...] = ()  # output projections of the blocks' attention / FFN sublayers (Houlsby adapters)
+    # output projections of the blocks' attention / FFN sublayers (Houlsby adapters)
+    adapter_sites: tuple[str, ...] = ()
     features: str | None = None  # "module:function" (model, tokenizer, texts, batch_size=) -> arrays (glm features)
 
     @property
@@ -121,8 +123,8 @@ FAMILIES: dict[str, FamilySpec] = {
     "xlnet": FamilySpec(xlnet.FLAVORS, xlnet.xlnet_config, xlnet.XLNet, ("plm",), hf="glm_dist.hf.xlnet",
                         hf_classes=("XLNetLMHeadModel",), finetune=ENCODER_FINETUNE, summary_position=-1, pad_left=True,
                         adapter_sites=("attn.o", "ffn.proj")),
-    "bart": FamilySpec(bart.FLAVORS, bart.bart_config, bart.Bart, ("denoising",), stacks=2, tensor_plans=bart.TENSOR_PLANS,
-                       init_std=common.normal_init_std, hf="glm_dist.hf.bart",
+    "bart": FamilySpec(bart.FLAVORS, bart.bart_config, bart.Bart, ("denoising",), stacks=2,
+                       tensor_plans=bart.TENSOR_PLANS, init_std=common.normal_init_std, hf="glm_dist.hf.bart",
                        hf_classes=("BartForConditionalGeneration",), finetune=("seq2seq",), decoder_start="eos",
                        adapter_sites=("self_attn.out_proj", "cross_attn.out_proj", "fc2")),
     # the recurrent era: data parallel + ZeRO only (no pipeline, no tensor split, no transformers export)

@@ -49,7 +49,8 @@ class RMSNorm(nn.Module):
         return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
 
 
-def relative_bucket(relative: torch.Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+def relative_bucket(relative: torch.Tensor, *, bidirectional: bool, num_buckets: int,
+                    max_distance: int) -> torch.Tensor:
     """Mesh TensorFlow's bucketing: exact buckets for small distances, log-spaced up to max_distance."""
     buckets = torch.zeros_like(relative)
     if bidirectional:

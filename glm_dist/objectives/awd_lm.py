@@ -6,9 +6,9 @@ regularisation on its raw output:
     loss = NLL + alpha * mean(output^2) + beta * mean((raw_t - raw_{t-1})^2)
 
 (the model config's ``ar_alpha`` = 2 and ``tar_beta`` = 1, the authors' defaults: a checkpoint's
-fine-tuning applies the same), the means over real positions only, so padding never changes the loss. Evaluation reports the NLL alone (perplexity,
-bits per byte), as CLM does. The LSTM state is not carried from one window to the next (the windows
-of a step are not consecutive text).
+fine-tuning applies the same), the means over real positions only, so padding never changes the
+loss. Evaluation reports the NLL alone (perplexity, bits per byte), as CLM does. The LSTM state is
+not carried from one window to the next (the windows of a step are not consecutive text).
 """
 from __future__ import annotations
 

@@ -140,7 +140,8 @@ class CrossViewTraining(Objective):
         targets = task_targets(batch["labels"], batch["task"], logits)
         count = (batch["labels"] != IGNORE_INDEX).sum()
         smoothed = sum(F.cross_entropy(lg.float().flatten(0, 1), t.flatten(), ignore_index=IGNORE_INDEX,
-                                       reduction="sum", label_smoothing=LABEL_SMOOTHING) for lg, t in zip(logits, targets))
+                                       reduction="sum", label_smoothing=LABEL_SMOOTHING)
+                       for lg, t in zip(logits, targets))
         loss = smoothed / count.clamp(min=1)
         if not metrics:
             return loss, {}
@@ -184,4 +185,5 @@ class CrossViewTraining(Objective):
 
 
 CVT = CrossViewTraining(name="cvt", salt=1050, sums=("nll", "targets", "correct",
-                                                     *(f"{s}{k}" for k in range(MAX_TASKS) for s in ("tp", "pred", "gold"))))
+                                                     *(f"{s}{k}" for k in range(MAX_TASKS)
+                                                       for s in ("tp", "pred", "gold"))))

@@ -19,7 +19,8 @@ GENERATOR_MASKING = MaskingConfig(rate=0.15, mask_frac=0.85, random_frac=0.0)
 DISCRIMINATOR_WEIGHT = 50.0
 
 
-def discriminator_inputs(input_ids: torch.Tensor, labels: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def discriminator_inputs(input_ids: torch.Tensor, labels: torch.Tensor,
+                         sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Replace the selected positions with the generator's samples; targets = (token != original)."""
     selected = labels != IGNORE_INDEX
     original = torch.where(selected, labels, input_ids)

@@ -43,7 +43,8 @@ class TripleStream:
 
     def __init__(self, size: int):
         self.size, self.blocks = size, 0  # blocks: count blocks taken so far (keys their permutation)
-        self.tail = np.zeros(0, dtype=np.int64)  # the triples (as the loader plans them: their addresses) not yet emitted
+        # the triples (as the loader plans them: their addresses) not yet emitted
+        self.tail = np.zeros(0, dtype=np.int64)
 
     def units(self, docs, rng_for):
         docs = iter(docs)

@@ -52,7 +52,8 @@ class SentencePacker:
         return np.concatenate(parts)[: self.capacity], np.asarray(starts, dtype=np.int64)
 
     def state_dict(self) -> dict:
-        return {"pending": [p.tolist() for p in self.pending], "pending_new_doc": [bool(b) for b in self.pending_new_doc]}
+        return {"pending": [p.tolist() for p in self.pending],
+                "pending_new_doc": [bool(b) for b in self.pending_new_doc]}
 
     def load_state_dict(self, state: dict) -> None:
         self.pending = [np.asarray(p, dtype=np.int64) for p in state["pending"]]

@@ -43,7 +43,8 @@ def plm_inputs(tokens: np.ndarray, rng: np.random.Generator, *, special_ids: np.
 
 
 def two_part_inputs(tokens: np.ndarray, token_type_ids: np.ndarray, reuse_len: int, rng: np.random.Generator, *,
-                    special_ids: np.ndarray, plm_probability: float = 1 / 6, max_span: int = 5) -> dict[str, np.ndarray]:
+                    special_ids: np.ndarray, plm_probability: float = 1 / 6,
+                    max_span: int = 5) -> dict[str, np.ndarray]:
     """XLNet's pretraining layout (data_utils.py ``_local_perm`` on each part): the first
     ``reuse_len`` positions (what the next segment keeps as memory) and the rest are permuted
     separately; the reused part never sees the rest -- its states become the next segment's memory

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from glm_dist.objectives import awd_lm, bilm, clm, cvt, denoising, electra, glove, mlm, mlm_nsp, plm, sop, span_corruption
+from glm_dist.objectives import (awd_lm, bilm, clm, cvt, denoising, electra, glove, mlm, mlm_nsp, plm, sop,
+                                 span_corruption)
 from glm_dist.objectives.base import IGNORE_INDEX, Objective
 from glm_dist.objectives.cvt_translation import CVT_TRANSLATION
 from glm_dist.objectives.translation import TRANSLATION

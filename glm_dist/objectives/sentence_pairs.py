@@ -86,7 +86,8 @@ class PairBuilder:
         self.count = state["count"]
 
 
-def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Trim the longer segment, one token at a time from a random end, until both fit."""
     while len(a) + len(b) > max_tokens:
         longer = a if len(a) > len(b) else b

@@ -54,7 +54,8 @@ class RunLogger:
                 if isinstance(row, dict) and isinstance(row.get("step"), int):
                     rows.append((line, row))
             keep = [line for line, row in rows  # (in-loop task scores at start_step are not run again)
-                    if row["step"] < start_step or (row["step"] == start_step and row.get("kind") in ("train", "tasks"))]
+                    if row["step"] < start_step
+                    or (row["step"] == start_step and row.get("kind") in ("train", "tasks"))]
             self.metrics_file.write_text("".join(line + "\n" for line in keep))
 
     def _init_wandb(self, attachments: dict):

@@ -167,14 +167,16 @@ def broadcast_batches(batches: list[dict[str, torch.Tensor]] | None, group=None)
     header = json.dumps([[(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in b.items()]
                          for b in batches]).encode() if lead else None
     spec = json.loads(broadcast_bytes(header, group))
-    parts = [v.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for b in batches for v in b.values()] if lead else []
+    parts = ([v.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for b in batches for v in b.values()]
+             if lead else [])
     data = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
     sizes = [math.prod(shape) * getattr(torch, dtype).itemsize for b in spec for _, dtype, shape in b]
     device = comm_device(group)
     buf = data.to(device) if lead else torch.empty(sum(sizes), dtype=torch.uint8, device=device)
     dist.broadcast(buf, src=_group_src(group), group=group)
     chunks = iter(buf.cpu().split(sizes))
-    return [{k: next(chunks).clone().view(getattr(torch, dtype)).reshape(shape) for k, dtype, shape in b}  # aligned copies
+    return [{k: next(chunks).clone().view(getattr(torch, dtype)).reshape(shape)  # aligned copies
+             for k, dtype, shape in b}
             for b in spec]
 
 

@@ -64,7 +64,8 @@ def check_partition(specs: list, stages: int, method: str, block: type) -> list[
         names = [[getattr(spec, "typename", type(spec)).__name__ for spec in specs[parts[s]:parts[s + 1]]]
                  for s in range(stages)]
         raise ValueError(f"partitioning {len(specs)} layers into {stages} stages by {method} leaves stage(s) {empty} "
-                         f"without a {block.__name__} ({names}); use parallel.pipeline_partition=blocks or fewer stages")
+                         f"without a {block.__name__} ({names}); "
+                         f"use parallel.pipeline_partition=blocks or fewer stages")
     return parts
 
 

@@ -87,7 +87,8 @@ def model_shape(family: str, model_cfg) -> ModelShape:
     stacks = family_spec(family).stacks  # encoder-decoders count both stacks
     ffn = getattr(model_cfg, "d_ff", None) or 4 * model_cfg.d_model
     return ModelShape(params, units, largest, model_cfg.n_layer * stacks, model_cfg.n_head, model_cfg.d_model,
-                      ffn, model_cfg.vocab_size, max_pp=0 if spec.pipeline else 1, max_tp=0 if spec.tensor_parallel else 1,
+                      ffn, model_cfg.vocab_size, max_pp=0 if spec.pipeline else 1,
+                      max_tp=0 if spec.tensor_parallel else 1,
                       fused_loss=getattr(model, "fused_loss", False), vocab_units=vocab_units,
                       tensor_units=tensor_units if spec.tensor_parallel else (),
                       sequence_parallel=spec.sequence_parallel)
@@ -201,7 +202,8 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
     elif zero == 2:
         w, g, o = w16 * params, (g16 + g32) * params / dp, states * params / dp
     else:  # the partition of the 16-bit weights plus the largest layer gathered (weights + grads)
-        w, g, o = w16 * params / dp + 4 * largest_layer, g32 * params / dp if g32 else g16 * params / dp, states * params / dp
+        w, g, o = (w16 * params / dp + 4 * largest_layer, g32 * params / dp if g32 else g16 * params / dp,
+                   states * params / dp)
     cpu = 0.0
     if offload != "none":
         cpu, g, o = g + o, (g16 * params if zero == 1 else 0.0), 0.0  # gradients stream to the CPU partition
@@ -351,21 +353,25 @@ def format_plan(name: str, shape: ModelShape, layouts: list[Layout], best: Layou
     gb = lambda x: f"{x / GB:.1f}"  # noqa: E731
     lines = [f"{name}: {shape.params / 1e9:.3f}B parameters, {shape.n_layer} layers, d_model {shape.d_model}, "
              f"{shape.n_head} heads; {gpus} GPUs x {gpu_mem_gb:g} GB; {global_batch} sequences per step", "",
-             "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | backward / step | activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
+             "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | backward / step "
+             "| activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
              "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     budget = gpu_mem_gb * GB * 0.9
     ranked = sorted(layouts, key=lambda lay: (lay.total(True) > budget, lay.saves_nothing, lay.tp * lay.pp, lay.zero,
                                                  lay.offload))
     for lay in ranked[:show]:
         mark = " **<- recommended**" if lay is best else " (saves nothing at DP=1)" if lay.saves_nothing else ""
-        lines.append(f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {lay.micro_batches} | {gb(lay.weights)} | {gb(lay.grads)} | "
-                     f"{gb(lay.optimizer)} | {gb(lay.backward)} / {gb(lay.step)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
+        lines.append(f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {lay.micro_batches} | "
+                     f"{gb(lay.weights)} | {gb(lay.grads)} | {gb(lay.optimizer)} | "
+                     f"{gb(lay.backward)} / {gb(lay.step)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
                      f"{gb(lay.total(False))} ({gb(lay.total(True))}) | {gb(lay.cpu)} | {lay.bubble:.1%} |{mark}")
     lines.append("")
     if best is None:
-        lines.append(f"no layout fits in {gpu_mem_gb:g} GB per GPU (90% usable): add GPUs, or lower the micro batch / sequence length")
+        lines.append(f"no layout fits in {gpu_mem_gb:g} GB per GPU (90% usable): add GPUs, "
+                     f"or lower the micro batch / sequence length")
     else:
-        lines.append(f"recommended: DP={best.dp} x PP={best.pp} x TP={best.tp}, ZeRO-{best.zero}, offload {best.offload}"
+        lines.append(f"recommended: DP={best.dp} x PP={best.pp} x TP={best.tp}, ZeRO-{best.zero}, "
+                     f"offload {best.offload}"
                      f"{', activation checkpointing' if ckpt else ''}: {gb(best.total(ckpt))} GB per GPU, "
                      f"pipeline bubble {best.bubble:.1%}; config: parallel.zero_stage={best.zero} "
                      f"train.grad_accum_steps={best.micro_batches} "

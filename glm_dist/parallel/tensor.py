@@ -124,7 +124,8 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         start, end = split_bounds(full.num_embeddings, rank, size)
         if end <= start:
-            raise ValueError(f"a vocabulary of {full.num_embeddings} tokens leaves tensor rank {rank} of {size} no rows")
+            raise ValueError(f"a vocabulary of {full.num_embeddings} tokens leaves tensor rank {rank} of {size} "
+                             f"no rows")
         self.group, self.split = group, VocabSplit(group, start, end, full.num_embeddings)
         self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim
         pad = full.padding_idx

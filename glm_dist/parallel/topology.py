@@ -69,7 +69,8 @@ def check_layout(topo: Topology, *, n_layer: int, n_head: int, ffn: int, vocab: 
         if topo.pipeline > n_layer:
             raise ConfigError(f"pipeline_stages={topo.pipeline} is more than the model's {n_layer} layers")
         if zero_stage >= 2:
-            raise ConfigError(f"pipeline parallelism (pipeline_stages={topo.pipeline}) runs with ZeRO stage 0 or 1 only "
-                              f"(DeepSpeed's pipeline engine rejects ZeRO-{zero_stage}); set parallel.zero_stage=1")
+            raise ConfigError(f"pipeline parallelism (pipeline_stages={topo.pipeline}) runs with ZeRO stage 0 or 1 "
+                              f"only (DeepSpeed's pipeline engine rejects ZeRO-{zero_stage}); "
+                              f"set parallel.zero_stage=1")
     if offload_params and zero_stage != 3:
         raise ConfigError(f"parallel.offload_params needs parallel.zero_stage=3 (it is {zero_stage})")

@@ -40,7 +40,8 @@ class FinetuneArgs:
     checkpoint: str
     train: str
     valid: str | None = None
-    task: str = "classify"  # classify | seq2seq (T5, BART) | entailment | similarity | multiple_choice (GPT) | span | tokens
+    # classify | seq2seq (T5, BART) | entailment | similarity | multiple_choice (GPT) | span | tokens
+    task: str = "classify"
     prefix: str = ""  # seq2seq: T5-style task prefix, e.g. "summarize: "
     text_field: str = "text"
     pair_field: str | None = None
@@ -89,7 +90,8 @@ def read_rows(path: str) -> list[dict]:
 
 
 def split_rows(rows: list[dict], per_mille: int) -> tuple[list[dict], list[dict]]:
-    held = [int(hashlib.sha1(json.dumps(r, sort_keys=True).encode()).hexdigest()[:8], 16) % 1000 < per_mille for r in rows]
+    held = [int(hashlib.sha1(json.dumps(r, sort_keys=True).encode()).hexdigest()[:8], 16) % 1000 < per_mille
+            for r in rows]
     return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
 
 
@@ -100,7 +102,8 @@ def encode(rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[st
     for row in rows:
         for key in (args.text_field, args.label_field) + ((args.pair_field,) if args.pair_field else ()):
             if key not in row:
-                raise FinetuneError(f"row {str(row)[:200]} has no field {key!r}; set --text-field / --pair-field / --label-field")
+                raise FinetuneError(f"row {str(row)[:200]} has no field {key!r}; "
+                                    f"set --text-field / --pair-field / --label-field")
     pairs = [(r[args.text_field], r[args.pair_field]) if args.pair_field else r[args.text_field] for r in rows]
     enc = tok.encode_batch(pairs)
     return {"input_ids": torch.tensor([e.ids for e in enc]), "token_type_ids": torch.tensor([e.type_ids for e in enc]),
@@ -162,8 +165,8 @@ def finetune(args: FinetuneArgs) -> dict:
     tricks = Tricks.from_args(args)
     groups = tricks.prepare(model, encoder, model.classifier, adapter_sites=spec.adapter_sites, weight_decay=0.01)
     steps = args.epochs * math.ceil(len(train_rows) / args.batch_size)
-    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}", "train.weight_decay=0.01",
-                             "parallel.zero_stage=0", "train.precision=fp32"])
+    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}",
+                             "train.weight_decay=0.01", "parallel.zero_stage=0", "train.precision=fp32"])
     engine = build_engine(model, build_optimizer(model, cfg.train, groups), cfg, dp_size=1)
     history = []
     g = torch.Generator().manual_seed(args.seed)
@@ -238,7 +241,8 @@ def finetune_seq2seq(args: FinetuneArgs) -> dict:
         for i in range(0, len(order) - args.batch_size + 1, args.batch_size):
             part = {k: v[order[i:i + args.batch_size]].to(engine.device) for k, v in train.items()}
             set_lr(engine, tricks.lr(step, steps, args.lr))
-            logits = engine(part["input_ids"], part["decoder_input_ids"], attention_mask=part["attention_mask"])["logits"]
+            logits = engine(part["input_ids"], part["decoder_input_ids"],
+                            attention_mask=part["attention_mask"])["logits"]
             loss = F.cross_entropy(logits.float().flatten(0, 1), part["labels"].flatten(), ignore_index=-100)
             engine.backward(loss)
             engine.step()

@@ -229,7 +229,8 @@ class Trainer:
         from glm_dist.parallel.tensor import model_vocab_split, shard_model
 
         cfg, n_layer = self.cfg, self.model_cfg.n_layer
-        topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=self.topo.tensor, num_dp=self.topo.data)
+        topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=self.topo.tensor,
+                                                 num_dp=self.topo.data)
         spec = family(cfg.model.family).pipeline
         build, rename = resolve(spec.build), resolve(spec.rename)
         try:
@@ -453,7 +454,8 @@ class Trainer:
         last = self.stop_agreed or self.state.step >= min(t.max_steps, t.stop_at_step or t.max_steps)
         path = self.ckpts.save(self.engine, self.state.step, naming=self.naming, coords=self.coords,
                                sizes={"data": self.topo.data, "tensor": self.topo.tensor}, client_state=client,
-                               meta=meta, extra=extra, tokenizer=f"{self.cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}",
+                               meta=meta, extra=extra,
+                               tokenizer=f"{self.cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}",
                                deepspeed_files=t.deepspeed_checkpoint, wait=last)
         self.log.message(f"checkpoint: {path}" + ("" if last else f" ({self.ckpts.last_save['blocking_s']:.2f} s "
                                                                    f"blocking; writing in the background)"))

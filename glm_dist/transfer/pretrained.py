@@ -25,6 +25,6 @@ def load_pretrained(model: nn.Module, checkpoint: str, *, family: str, tokenizer
     try:
         model.load_state_dict({k: v for k, v in sd.items() if k in model.state_dict()})
     except RuntimeError as err:  # shapes: another flavor or vocabulary size
-        raise ConfigError(f"train.init_from={checkpoint} does not fit this model: {str(err).splitlines()[-1].strip()}") \
-            from None
+        raise ConfigError(f"train.init_from={checkpoint} does not fit this model: "
+                          f"{str(err).splitlines()[-1].strip()}") from None
     return meta

@@ -121,7 +121,8 @@ def accuracy(model, docs: list[list[int]], labels: torch.Tensor, batch_size: int
     right = 0
     for i in range(0, len(docs), batch_size):
         ids, lengths = pad(docs[i:i + batch_size], pad_id)
-        right += int((model(ids.to(device), lengths.to(device))["logits"].argmax(-1).cpu() == labels[i:i + batch_size]).sum())
+        right += int((model(ids.to(device), lengths.to(device))["logits"].argmax(-1).cpu()
+                      == labels[i:i + batch_size]).sum())
     model.train()
     return right / max(1, len(docs))
 
@@ -147,7 +148,8 @@ def finetune_ulmfit(args: FinetuneArgs, lm: AwdLstm, meta: dict) -> dict:
               "train_examples": len(train_rows), "valid_examples": len(valid_rows),
               "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
               "valid_accuracy": history[-1]["valid_accuracy"], "history": history,
-              "settings": {**{k: getattr(args, k) for k in ("lr", "batch_size", "epochs", "bptt", "max_len", "drop_mult")},
+              "settings": {**{k: getattr(args, k)
+                              for k in ("lr", "batch_size", "epochs", "bptt", "max_len", "drop_mult")},
                            **tricks.describe()}}
     if args.out:
         write_output(args.out, model, result)

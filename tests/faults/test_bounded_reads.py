@@ -344,7 +344,8 @@ out = {}
 for path in sys.argv[1:]:
     stats = Stats()
     docs = [d.id for d in read_parquet(path, ReaderCfg(max_record_mb=10, max_row_group_mb=64), stats)]
-    out[path.rsplit("/", 1)[1]] = {"ids": docs, "dropped": dict(stats.stage("read").dropped), "errors": dict(stats.error_count)}
+    out[path.rsplit("/", 1)[1]] = {"ids": docs, "dropped": dict(stats.stage("read").dropped),
+                                   "errors": dict(stats.error_count)}
 print(json.dumps(out))
 """
 

@@ -84,7 +84,8 @@ def test_crafted_pickle_in_a_checkpoint_file_is_refused_and_never_runs(kind, run
                 "eval": ["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint", str(ckpt)],
                 "export-hf": ["export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")],
                 "finetune": ["finetune", "--checkpoint", str(ckpt), "--train", str(rows)]}
-    wanted = {"fp32": ["resume", "eval", "export-hf", "finetune"], "exp_avg": ["resume", "resume on another layout"]}[kind]
+    wanted = {"fp32": ["resume", "eval", "export-hf", "finetune"],
+              "exp_avg": ["resume", "resume on another layout"]}[kind]
     for name in wanted:
         proc = run_glm(commands[name], check=False)
         assert proc.returncode == 2, (name, proc.stderr[-3000:])
@@ -326,6 +327,7 @@ def test_credentials_in_urls_never_reach_meta_json_or_wandb(shards_dir, tmp_path
     run_glm(args(shards_dir, tmp_path, "train.max_steps=2", "logging.wandb=true", f"logging.tags=['{secret}']"))
     meta = (tmp_path / "checkpoints/step_00000002/meta.json").read_text()
     assert "REDACTED@example.org" in meta and "shard=1" in meta
-    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and any(s in p.read_bytes() for s in (b"hunter2", b"s3cr3t"))]
+    leaked = [p for p in tmp_path.rglob("*")
+              if p.is_file() and any(s in p.read_bytes() for s in (b"hunter2", b"s3cr3t"))]
     assert not leaked, leaked
 
