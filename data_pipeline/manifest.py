@@ -32,7 +32,7 @@ def read_output_manifest(url: str) -> list[str]:
     """The document shards (full paths or URLs, in order) of the finished run at ``url``: its
     output directory, or its ``manifest.json``. A run without a manifest has not finished:
     ``FileNotFoundError`` with a one-line message."""
-    from data_pipeline.pipeline import PipelineError
+    from data_pipeline.errors import PipelineError
 
     base = url.rstrip("/")
     if posixpath.basename(base) == MANIFEST:

@@ -26,18 +26,14 @@ import dataclasses
 import json
 import logging
 
+from data_pipeline.errors import PipelineError
 from data_pipeline.executors.tasks import read_marker, run_once
 from data_pipeline.recipe import Recipe
 from data_pipeline.storage import Store
 
 log = logging.getLogger(__name__)
-STAGE_ORDER = ("benchmarks", "filter", "buckets", "clusters", "removals", "decontam", "write", "card")
 MAX_PARTITIONS_BY_DEFAULT = 256
 MAX_RUN_JSON_BYTES = 256 * 2**20
-
-
-class PipelineError(RuntimeError):
-    """A run that cannot start or continue (the message says what to fix)."""
 
 
 class Pipeline:

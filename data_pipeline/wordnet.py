@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 
 DEFAULT_DIR = "/usr/share/wordnet"
 FILES = {"n": "data.noun", "v": "data.verb", "a": "data.adj", "r": "data.adv"}  # satellites (s) live in data.adj

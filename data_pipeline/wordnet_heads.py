@@ -19,7 +19,7 @@ import re
 from typing import Iterator
 
 from data_pipeline import wordnet
-from data_pipeline.tasks import stable_order
+from data_pipeline.tasks.built import stable_order
 
 LEMMA = re.compile(r"^[a-z]{3,}$")
 WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|\d+|[^\sA-Za-z\d]")

@@ -488,7 +488,7 @@ def _vectors(checkpoint: str, out: str) -> dict:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message is for the user: one line, exit code 2."""
-    from data_pipeline.pipeline import PipelineError
+    from data_pipeline.errors import PipelineError
     from glm_dist.errors import GlmError
 
     return GlmError, PipelineError, FileNotFoundError

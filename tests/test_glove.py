@@ -18,7 +18,7 @@ import pytest
 from data_pipeline import wordnet
 from data_pipeline.cooccur.counts import CooccurSpec, build_counts
 from data_pipeline.cooccur.vectors import read_text
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.tokenize.prepare import prepare_shards
 from glm_dist.data.loader import Loader
 from glm_dist.data.shards import read_manifest, read_shard

@@ -33,7 +33,7 @@ import numpy as np
 
 from data_pipeline.cooccur import TRIPLE
 from data_pipeline.executors.cpus import available_cpus
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.remote import open_url
 from data_pipeline.writers.shards import ShardSetWriter, write_manifest
 

@@ -11,7 +11,7 @@ from typing import Sequence
 import fsspec
 import numpy as np
 
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.remote import open_url
 
 MAX_LINE_BYTES = 1 << 20  # 300 floats take ~3 KB

@@ -21,7 +21,7 @@ import numpy as np
 
 from data_pipeline.dedup.hashing import normalize, window_hashes
 from data_pipeline.document import Stats
-from data_pipeline.readers import max_record_bytes, open_stream, read_line
+from data_pipeline.readers.streams import max_record_bytes, open_stream, read_line
 from data_pipeline.recipe import DecontamCfg, ReaderCfg
 from data_pipeline.remote import open_url
 from data_pipeline.storage import Store

@@ -14,7 +14,8 @@ from typing import Protocol
 
 from data_pipeline.executors.cpus import available_cpus
 from data_pipeline.executors.tasks import done_tasks
-from data_pipeline.pipeline import Pipeline, PipelineError
+from data_pipeline.errors import PipelineError
+from data_pipeline.pipeline import Pipeline
 from data_pipeline.recipe import Recipe
 from data_pipeline.storage import Store
 

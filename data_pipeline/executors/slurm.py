@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from data_pipeline.executors.local import next_stage
-from data_pipeline.pipeline import Pipeline, PipelineError
+from data_pipeline.errors import PipelineError
+from data_pipeline.pipeline import Pipeline
 from data_pipeline.recipe import load_recipe
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "pipeline.sbatch"

@@ -7,8 +7,8 @@ import zlib
 from typing import Iterator
 
 from data_pipeline.document import Document, Stats
-from data_pipeline.readers import (RATIO_ALLOWANCE, DecompressionRatioError, error_reason, max_record_bytes,
-                                   open_stream, read_line)
+from data_pipeline.readers.streams import (RATIO_ALLOWANCE, DecompressionRatioError, error_reason, max_record_bytes,
+                                           open_stream, read_line)
 from data_pipeline.recipe import ReaderCfg
 from data_pipeline.remote import open_url
 

@@ -23,7 +23,7 @@ import zlib
 from typing import Iterator
 
 from data_pipeline.document import Document, Stats
-from data_pipeline.readers import SKIP_CHUNK, error_reason, max_record_bytes, open_stream, read_line
+from data_pipeline.readers.streams import SKIP_CHUNK, error_reason, max_record_bytes, open_stream, read_line
 from data_pipeline.recipe import ReaderCfg
 
 READ_ERRORS = (EOFError, OSError, zlib.error)

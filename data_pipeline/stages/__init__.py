@@ -10,8 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
-from data_pipeline.pipeline import STAGE_ORDER
-
+STAGE_ORDER = ("benchmarks", "filter", "buckets", "clusters", "removals", "decontam", "write", "card")
 STAGES: tuple[ModuleType, ...] = tuple(import_module(f"data_pipeline.stages.{name}") for name in STAGE_ORDER)
 
 

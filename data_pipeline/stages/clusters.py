@@ -15,14 +15,18 @@ as far as they are known; ``executors/slurm.py`` submits them one array per roun
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from data_pipeline.dedup.components import large_star, small_star
 from data_pipeline.dedup.shuffle import EDGE, as_edges, file_of, node_partition, read_routed, write_routed
 from data_pipeline.executors.tasks import done_tasks, read_marker, run_once
-from data_pipeline.pipeline import Pipeline, PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.storage import Store
+
+if TYPE_CHECKING:  # the pipeline imports the stages
+    from data_pipeline.pipeline import Pipeline
 
 FINAL = "clusters/final.json"
 MAX_ROUNDS = 400  # log(diameter) rounds in practice (a 200k-node path in random order: 29)

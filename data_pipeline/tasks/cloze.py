@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from typing import Iterable, Iterator
 
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline.tokenize.prepare import is_validation
 
 PROSE_WORD = re.compile(r"^[A-Za-z][A-Za-z'-]*[,;:.]?$")

@@ -6,7 +6,7 @@ import hashlib
 from collections import Counter
 
 from data_pipeline.embedded import TASK_MODULES, docstring_task
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 
 
 def build(*, test_per_mille: int = 750) -> BuiltTask:

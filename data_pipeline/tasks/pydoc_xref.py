@@ -25,7 +25,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterator
 
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 
 DEFAULT_DIR = "/usr/share/doc/python3-doc/html"
 ROLES = ("func", "class", "mod", "exc", "meth", "attr", "data", "const")

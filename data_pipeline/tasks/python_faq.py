@@ -16,7 +16,7 @@ import html
 import re
 from pathlib import Path
 
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline.tasks.answers import exact_match, f1
 
 DEFAULT_DIR = "/usr/share/doc/python3-doc/html"

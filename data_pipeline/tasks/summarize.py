@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Iterator
 
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline.tokenize.prepare import is_validation
 
 SIGNATURE = re.compile(r"^[A-Za-z_][\w.]*\(.*\)(?: from [\w.]+)?$")

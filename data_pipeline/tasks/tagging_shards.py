@@ -22,7 +22,7 @@ import fsspec
 import numpy as np
 from tokenizers import Tokenizer, normalizers
 
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.tasks.pydoc_xref import TaggedSentence
 from data_pipeline.tokenize.profiles import PROFILES, special_ids
 from data_pipeline.tokenize.word import word_level

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Iterable
 
 from data_pipeline.readers.gettext import catalog_paths, read_catalogs
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 
 SENTENCE = re.compile(r"^[A-Z][^\n\t%{}<>`@/\\_=|*#\[\]]*[.!?]$")
 

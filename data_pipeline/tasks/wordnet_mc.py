@@ -13,7 +13,7 @@ import hashlib
 import random
 import re
 
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline import wordnet
 
 LEMMA = re.compile(r"^[a-z]{3,}$")

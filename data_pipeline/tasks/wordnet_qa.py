@@ -17,7 +17,7 @@ import re
 from collections import Counter
 
 from data_pipeline import wordnet
-from data_pipeline.tasks import BuiltTask, stable_order
+from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline.tasks.answers import exact_match, f1
 
 LEMMA = re.compile(r"^[a-z]{3,}$")

@@ -35,7 +35,7 @@ import numpy as np
 from tokenizers import Tokenizer, models
 
 from data_pipeline.cooccur.vectors import read_text
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.tokenize.profiles import PROFILES, special_ids, train_tokenizer
 from data_pipeline.tokenize.word import word_level
 from data_pipeline.writers.shards import INDEX_FORMAT, ShardSetWriter, write_bytes, write_manifest

@@ -34,7 +34,7 @@ from data_pipeline.document import Stats
 from data_pipeline.embedded import embedded_documents
 from data_pipeline.executors.cpus import available_cpus
 from data_pipeline.manifest import finished_run_shards
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.readers import read
 from data_pipeline.recipe import ReaderCfg
 from data_pipeline.remote import RemoteReadError, check_host, check_scheme, open_url, storage_options

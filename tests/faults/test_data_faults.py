@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from data_pipeline.document import Stats
-from data_pipeline.pipeline import PipelineError
+from data_pipeline.errors import PipelineError
 from data_pipeline.readers import read
 from data_pipeline.readers.warc import WRONG_LENGTH
 from data_pipeline.recipe import ReaderCfg

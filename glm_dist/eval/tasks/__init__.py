@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from data_pipeline.tasks import builders, write_task
+from data_pipeline.tasks import builders
+from data_pipeline.tasks.built import write_task
 
 HERE = Path(__file__).parent
 
