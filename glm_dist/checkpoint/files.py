@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from glm_dist.errors import GlmError
+from glm_dist.checkpoint.errors import CheckpointError
 
 if TYPE_CHECKING:
     from glm_dist.checkpoint.storage import Storage
@@ -37,10 +37,6 @@ FORMAT = 3
 MAX_JSON_BYTES = 64 * 2**20
 MAX_TOKENIZER_BYTES = 256 * 2**20  # a tokenizer.json (a 250k-entry vocabulary with merges is ~20 MB)
 BLOCK = 32 * 2**20  # bytes per verified piece of a file
-
-
-class CheckpointError(GlmError, RuntimeError):
-    """A checkpoint that cannot be used; the message says which file and what to do."""
 
 
 def force_weights_only() -> None:

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from glm_common.durable import fsync_dir
-from glm_dist.checkpoint.files import CheckpointError
+from glm_dist.checkpoint.errors import CheckpointError
 
 CHUNK = 8 << 20  # bytes per write call and per read of a whole file
 

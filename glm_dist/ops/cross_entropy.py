@@ -43,11 +43,10 @@ import contextlib
 import functools
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
-from glm_dist.parallel import comm
 
 IGNORE_INDEX = -100  # torch's default: a position that is not predicted
 CHUNK_TOKENS = 1024  # rows of fp32 logits per chunk: 1024 x 50257 x 4 B = 196 MiB
@@ -73,12 +72,15 @@ def bytes_per_logit(*, compiled: bool, itemsize: int) -> int:
 
 @dataclass(frozen=True)
 class VocabSplit:
-    """The columns ``[start, end)`` of a ``vocab``-token vocabulary held by this rank of ``group``."""
+    """The columns ``[start, end)`` of a ``vocab``-token vocabulary held by this rank of ``group``;
+    ``all_reduce(tensor, op, group=)`` is ``parallel/comm.py``'s (decision 13), handed in by the
+    owner of the split so that ops/ stays below parallel/."""
 
     group: Any
     start: int
     end: int
     vocab: int
+    all_reduce: Callable[..., torch.Tensor]
 
     @property
     def width(self) -> int:
@@ -176,10 +178,10 @@ def _nll_(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, *, sof
     picked = torch.where(owned, logits.gather(dim, safe.unsqueeze(dim)).squeeze(dim), 0.0)
     top = logits.amax(dim=dim)
     if split is not None:  # the row maximum over every rank's columns
-        top = comm.all_reduce_(top, "max", group=split.group)
+        top = split.all_reduce(top, "max", group=split.group)
     total = logits.sub_(top.unsqueeze(dim)).exp_().sum(dim=dim)
     if split is not None:  # sum of exponentials and the target's logit (one rank owns it), in one call
-        total, picked = comm.all_reduce_(torch.stack([total, picked]), "sum", group=split.group)
+        total, picked = split.all_reduce(torch.stack([total, picked]), "sum", group=split.group)
     if softmax:
         logits.div_(total.unsqueeze(dim))
     lse = top + total.log()
@@ -446,9 +448,9 @@ def predicted(logits: torch.Tensor) -> torch.Tensor:
     if split is None:
         return idx
     best = best.float()
-    top = comm.all_reduce_(best.clone(), "max", group=split.group)
+    top = split.all_reduce(best.clone(), "max", group=split.group)
     mine = torch.where(best == top, idx + split.start, split.vocab)
-    return comm.all_reduce_(mine, "min", group=split.group)
+    return split.all_reduce(mine, "min", group=split.group)
 
 
 def loss_logits_bytes(tokens: int, vocab: int, *, d_model: int, fused: bool, logit_bytes: int = 2,

@@ -126,7 +126,7 @@ class VocabParallelEmbedding(nn.Module):
         if end <= start:
             raise ValueError(f"a vocabulary of {full.num_embeddings} tokens leaves tensor rank {rank} of {size} "
                              f"no rows")
-        self.group, self.split = group, VocabSplit(group, start, end, full.num_embeddings)
+        self.group, self.split = group, VocabSplit(group, start, end, full.num_embeddings, comm.all_reduce_)
         self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim
         pad = full.padding_idx
         self.padding_idx = pad - start if pad is not None and start <= pad < end else None
@@ -229,7 +229,7 @@ def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | N
             full = getattr(module, path)
             start, end = split_bounds(full.shape[0], rank, size)
             setattr(module, path, _vocab_parameter(full, start, end))
-            split = split or VocabSplit(group, start, end, full.shape[0])
+            split = split or VocabSplit(group, start, end, full.shape[0], comm.all_reduce_)
     return split
 
 
