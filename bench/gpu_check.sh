@@ -175,8 +175,13 @@ run() {
   cd "$REPO" || exit 2
   export WORK PY CPU WHEELS PACKAGES PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} WANDB_MODE=offline WANDB_SILENT=true \
     TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-  local failed=0 self=("bash" "$REPO/bench/gpu_check.sh" --stage) unit exact quick bench memory profile half
+  local failed=0 self=("bash" "$REPO/bench/gpu_check.sh" --stage) unit exact quick bench memory profile half setup_s=90
   if [ "$CPU" = 1 ]; then  # tiny sizes: the same stages in about two minutes on 2 cores
+    # The CPU collective op is built into the check's own folder: a stage killed by its timeout while
+    # torch builds it leaves a 'lock' there that would make every later DeepSpeed process on the
+    # machine (the rest of the suite) wait on the shared ~/.cache/torch_extensions for ever.
+    export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions
+    setup_s=240  # the CPU setup also builds DeepSpeed's CPU collective op: 35-110 s on 2 busy cores
     export CUDA_VISIBLE_DEVICES=""
     unit=(tests/test_collectives.py tests/test_hf_parity.py
           -k "micro_batch_makes_no_host_sync and gpt or logits_match_transformers_after_import")
@@ -197,7 +202,7 @@ run() {
     memory=()
   fi
   stage env 30 "${self[@]}" env_report || { "$PY" "$REPORT" summary "$OUT_JSON"; exit 2; }
-  stage setup 90 "${self[@]}" setup || { "$PY" "$REPORT" summary "$OUT_JSON"; exit 2; }
+  stage setup "$setup_s" "${self[@]}" setup || { "$PY" "$REPORT" summary "$OUT_JSON"; exit 2; }
   PY=$(cat "$WORK/python") && export PY
   # A world of one runs every collective (tests/test_collectives.py), so each call site of the
   # training path -- validation, the step's all-reduce, the sharded save and its agreement, the
