@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from glm_dist.config.checks import validate
+from glm_dist.config.checks import model_config, validate
 from glm_dist.config.deepspeed_json import deepspeed_config
-from glm_dist.config.loader import ConfigError, load_config, source_of
-from tests.conftest import TINY
+from glm_dist.config.loader import ConfigError, load_config, source_of, to_dict
+from tests.conftest import ROOT, TINY
 
 
 def write(path, text):
@@ -165,3 +166,17 @@ def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively():
     assert resolve(ONEDNN_MAX_CPU_ISA="ALL") == first, first
     assert first[:2] == (["bf16", True] if native else ["fp32", False]), first
     assert load_config(TINY, ["train.precision=fp32"]).train.precision == "fp32"  # an explicit choice stays
+
+
+def test_what_config_show_prints_loads_back_to_the_same_config(tmp_path):
+    """Every experiment's resolved config, written out whole (defaults included, as ``glm config show``
+    prints it), reads back unchanged: a default of a key the family does not use (``model.dropout``
+    of AWD-LSTM and GloVe) is not a setting."""
+    recipes = {"ulmfit-classifier-tiny-cpu.yaml"}  # a glm finetune recipe, not a training config
+    for path in sorted(p for p in (ROOT / "configs/experiments").glob("*.yaml") if p.name not in recipes):
+        tree = to_dict(load_config(path))
+        shown = tmp_path / path.name
+        shown.write_text(yaml.safe_dump(tree, sort_keys=False))
+        again = load_config(shown)
+        model_config(again)
+        assert to_dict(again) == tree, path.name

@@ -25,8 +25,10 @@ def model_config(cfg: Config) -> Any:
     except KeyError as err:
         raise ConfigError(f"{err.args[0]} (model.family in {source_of(cfg, 'model.family')})") from None
     fields = {f.name for f in dataclasses.fields(next(iter(spec.flavors.values())).cfg)}
+    # a key at its schema default is not a setting (`glm config show` writes every key out)
+    defaults = {f.name: f.default for f in dataclasses.fields(type(m))}
     for key in overrides:
-        if key not in fields and source_of(cfg, f"model.{key}") != "<default>":
+        if key not in fields and source_of(cfg, f"model.{key}") != "<default>" and overrides[key] != defaults.get(key):
             raise ConfigError(f"model.{key} does not apply to the {m.family} family ({source_of(cfg, 'model.' + key)})")
     try:
         return resolve_model_config(m.family, m.flavor, **{k: v for k, v in overrides.items() if k in fields})
