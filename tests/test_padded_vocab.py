@@ -200,6 +200,8 @@ out = {"rows": [split.start, split.end], "width": logits.shape[-1], "loss": abs(
        "predicted": bool(torch.equal(pred, whole(batch["input_ids"]).argmax(-1)))}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
+dist.barrier()
+dist.destroy_process_group()  # gloo's threads torn down before exit (else "terminate called...", SIGABRT)
 '''
 
 
