@@ -71,6 +71,18 @@ def _parse_yaml(text: str, loader_cls: type = _StrictLoader) -> Any:
         loader.dispose()
 
 
+def _parse_file_bytes(raw: bytes, path: Path, loader_cls: type = _StrictLoader) -> Any:
+    """The YAML document in the bytes read from ``path``; ``ConfigError`` with one line otherwise."""
+    try:
+        return _parse_yaml(raw.decode("utf-8"), loader_cls)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {err.start}): not a YAML file") from None
+    except _Refused as err:
+        raise ConfigError(f"{path}, {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {_one_line(err)}") from None
+
+
 def read_yaml_file(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES, tags: bool = False) -> Any:
     """One YAML file that is not a config (a fine-tuning recipe, a task file) under the same rules:
     at most ``max_bytes``, a regular file, UTF-8, no aliases, bounded nesting; ``ConfigError`` with
@@ -82,14 +94,7 @@ def read_yaml_file(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES, tags:
         raw = f.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise ConfigError(f"{path} is larger than {max_bytes} bytes: not a YAML file of this kind")
-    try:
-        return _parse_yaml(raw.decode("utf-8"), TaggedLoader if tags else _StrictLoader)
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {err.start})") from None
-    except _Refused as err:
-        raise ConfigError(f"{path}, {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {_one_line(err)}") from None
+    return _parse_file_bytes(raw, path, TaggedLoader if tags else _StrictLoader)
 
 
 def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (),
@@ -141,14 +146,7 @@ def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...], 
     if read["bytes"] > MAX_CONFIG_BYTES:
         whole = f"config {path}" if not chain else f"config {chain[0]} with its bases (at {path})"
         raise ConfigError(f"{whole} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a config file")
-    try:
-        data = _parse_yaml(raw.decode("utf-8")) or {}
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"config {path} is not UTF-8 text (byte {err.start}): not a YAML config file") from None
-    except _Refused as err:
-        raise ConfigError(f"{path}, {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {_one_line(err)}") from None
+    data = _parse_file_bytes(raw, path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level, got {type(data).__name__}")
     bases = data.pop("base", None)
