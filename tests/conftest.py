@@ -129,6 +129,16 @@ def tagged_json(out: str, tag: str) -> list:
     return [decoder.raw_decode(out, i + len(tag))[0] for i in range(len(out)) if out.startswith(tag, i)]
 
 
+def results_by_combo(script: str, args: list[str], combos: list[tuple[str, int]]) -> dict[tuple[str, int], dict]:
+    """Run ``script`` once for every (precision, ZeRO stage) in ``combos`` (passed last as
+    ``precision:stage``) and return its tagged ``RESULT`` rows by combination."""
+    proc = subprocess.run([sys.executable, "-c", script, *args, *(f"{p}:{z}" for p, z in combos)],
+                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=600)
+    found = {(r["combo"].split(":")[0], int(r["combo"].split(":")[1])): r for r in tagged_json(proc.stdout, "RESULT")}
+    assert proc.returncode == 0 and len(found) == len(combos), proc.stderr[-4000:]
+    return found
+
+
 def train_losses(out_dir: str | Path) -> list[float]:
     rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if r["kind"] == "train"]

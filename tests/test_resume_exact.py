@@ -7,12 +7,10 @@ saved at all: its resumed weights drifted away after the first step."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import FAST, ROOT, TINY, clean_env, tagged_json
+from tests.conftest import FAST, TINY, results_by_combo
 
 pytestmark = pytest.mark.slow
 COMBOS = [(precision, zero) for precision in ("fp32", "bf16") for zero in (0, 1, 2, 3)]
@@ -71,12 +69,8 @@ for combo in combos:
 def results(shards_dir, tmp_path_factory) -> dict[tuple[str, int], dict]:
     root = tmp_path_factory.mktemp("resume")
     overrides = [*FAST, "train.grad_accum_steps=2", "train.eval_batches=1"]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, TINY, json.dumps(overrides), shards_dir, str(root),
-                           str(STEPS), str(SAVED_AT), *(f"{p}:{z}" for p, z in COMBOS)],
-                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=600)
-    found = {(r["combo"].split(":")[0], int(r["combo"].split(":")[1])): r for r in tagged_json(proc.stdout, "RESULT")}
-    assert proc.returncode == 0 and len(found) == len(COMBOS), proc.stderr[-4000:]
-    return found
+    args = [TINY, json.dumps(overrides), shards_dir, str(root), str(STEPS), str(SAVED_AT)]
+    return results_by_combo(SCRIPT, args, COMBOS)
 
 
 @pytest.mark.parametrize("precision,zero", COMBOS)

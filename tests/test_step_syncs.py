@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import FAST, ROOT, TINY, clean_env, tagged_json
+from tests.conftest import FAST, TINY, results_by_combo
 
 pytestmark = pytest.mark.slow
 COMBOS = [(precision, zero) for precision in ("fp32", "bf16") for zero in (0, 1, 2, 3)]
@@ -97,12 +95,7 @@ for combo in combos:
 def results(shards_dir, tmp_path_factory) -> dict[tuple[str, int], dict]:
     root = tmp_path_factory.mktemp("syncs")
     overrides = [*FAST, "train.grad_accum_steps=2", "train.max_steps=10", "train.grad_clip=1.0"]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, TINY, json.dumps(overrides), shards_dir, str(root),
-                           *(f"{p}:{z}" for p, z in COMBOS)],
-                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=600)
-    found = {(r["combo"].split(":")[0], int(r["combo"].split(":")[1])): r for r in tagged_json(proc.stdout, "RESULT")}
-    assert proc.returncode == 0 and len(found) == len(COMBOS), proc.stderr[-4000:]
-    return found
+    return results_by_combo(SCRIPT, [TINY, json.dumps(overrides), shards_dir, str(root)], COMBOS)
 
 
 @pytest.mark.parametrize("precision,zero", COMBOS)
