@@ -20,8 +20,8 @@ import torch
 
 from data_pipeline.tokenize.word import char_table
 from glm_dist.config.loader import load_config
-from glm_dist.models.elmo import ELMo, elmo_config
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.elmo.model import ELMo, elmo_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.objectives.bilm import BILM
 from glm_dist.objectives.clm import CLM
 from glm_dist.parallel.distributed import init_distributed

@@ -117,7 +117,7 @@ def hash_share(directory: Path, rank: int, world: int) -> int:
 def old_resume(trainer, old, directory: Path) -> dict:
     """A resume on another layout was: verify (each rank hashes every n-th file), load the whole
     model's weights from the universal form, then set each rank's masters and moments."""
-    from glm_dist.models.registry import build_model
+    from glm_dist.families.registry import build_model
     from glm_dist.parallel import comm
 
     comm.barrier()

@@ -21,7 +21,7 @@ import json
 import torch
 
 from bench.train_throughput import DEVICE, build_ours, engine_step_fn
-from glm_dist.models.gpt import gpt_config
+from glm_dist.families.gpt.model import gpt_config
 from glm_dist.observability.device_memory import GIB, device_memory
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.memory import rank_model_states

@@ -41,7 +41,7 @@ def loader_tokens_per_s(shards_dir: str, objective: str, workers: int, *, seq_le
 def train_tokens_per_s(flavor: str, *, n_layer: int | None, seq_len: int, batch: int, steps: int = 3) -> float:
     """A bf16 forward/backward/AdamW step of our model on this machine (no DeepSpeed: an upper
     bound on consumption, which is what the loader must keep up with)."""
-    from glm_dist.models.gpt import GPT, gpt_config
+    from glm_dist.families.gpt.model import GPT, gpt_config
     from glm_dist.train.optim import build_optimizer
     from glm_dist.config.schema import TrainConfig
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from glm_dist.config.loader import load_config
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.objectives.clm import CLM
 from glm_dist.observability.flops import matmul_dtype, measure_matmul_peak, peak_flops
 from glm_dist.parallel.compile import compile_blocks

@@ -38,8 +38,8 @@ from data_pipeline.tasks.wordnet_gloss import gloss_rows, majority_accuracy, sam
 from data_pipeline.tokenize.profiles import special_ids, train_tokenizer
 from glm_dist.config.loader import load_config
 from glm_dist.eval.run import load_checkpoint_model
-from glm_dist.models.awd_lstm import AwdLstm
-from glm_dist.models.registry import model_config_from_dict
+from glm_dist.families.awd_lstm.model import AwdLstm
+from glm_dist.families.registry import model_config_from_dict
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.train.finetune import FinetuneArgs
 from glm_dist.train.loop import train

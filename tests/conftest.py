@@ -72,7 +72,7 @@ def glove_text(corpus, tmp_path_factory) -> str:
     from data_pipeline.cooccur.vectors import write_text
     from data_pipeline.tokenize.word import vocabulary
     from glm_dist.data.shards import read_manifest, read_shard
-    from glm_dist.models.glove import GloVe, glove_config
+    from glm_dist.families.glove.model import GloVe, glove_config
     from glm_dist.objectives.glove import weighted_squares
 
     root = tmp_path_factory.mktemp("glove")

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from glm_dist.models.awd_lstm import AwdLstm, awd_lstm_config
-from glm_dist.models.registry import published_flavors
+from glm_dist.families.awd_lstm.model import AwdLstm, awd_lstm_config
+from glm_dist.families.registry import published_flavors
 from glm_dist.objectives.awd_lm import AWD_LM, activation_penalties
 from glm_dist.transfer.ulmfit import ConcatPoolClassifier, pad
 from tests.conftest import ROOT, train_losses

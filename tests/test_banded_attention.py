@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from glm_dist.models import common
 from glm_dist.models.common import CausalSelfAttention
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from tests.conftest import ROOT, clean_env
 
 

@@ -135,7 +135,7 @@ class HostSyncs(TorchDispatchMode):
                                                              ("elmo", "bilm", "word", "elmo-tiny")])
 def test_a_micro_batch_makes_no_host_sync(family, objective, profile, flavor, shards):
     from glm_dist.data.loader import Loader
-    from glm_dist.models.registry import build_model, resolve_model_config
+    from glm_dist.families.registry import build_model, resolve_model_config
     from glm_dist.objectives.registry import get_objective
 
     loader = Loader(shards(profile), objective=objective, seq_len=64, micro_batch_size=4)

@@ -111,7 +111,7 @@ def checkpoint_of(folder: Path) -> Path:
 
 # -- the tests --------------------------------------------------------------------------------------
 def test_every_trainable_family_has_a_fixture_or_a_recorded_reason():
-    from glm_dist.models.registry import FAMILIES
+    from glm_dist.families.registry import FAMILIES
 
     covered = {p.name for p in FAMILY_DIRS}
     skipped = json.loads((FIXTURES / "skipped.json").read_text()) if (FIXTURES / "skipped.json").exists() else {}
@@ -122,7 +122,7 @@ def test_every_trainable_family_has_a_fixture_or_a_recorded_reason():
 
 @pytest.mark.parametrize("folder", FAMILY_DIRS, ids=lambda p: p.name)
 def test_checkpoint_loads_and_gives_the_recorded_outputs(folder: Path):
-    from glm_dist.models.registry import model_config_from_dict
+    from glm_dist.families.registry import model_config_from_dict
 
     expected = json.loads((folder / "expected.json").read_text())
     ckpt = checkpoint_of(folder)

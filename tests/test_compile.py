@@ -14,8 +14,8 @@ from torch._dynamo.utils import counters
 
 from glm_dist.config.loader import ConfigError, load_config
 from glm_dist.config.checks import validate
-from glm_dist.models.gpt import GPT, gpt_config
-from glm_dist.models.registry import build_model, resolve_model_config
+from glm_dist.families.gpt.model import GPT, gpt_config
+from glm_dist.families.registry import build_model, resolve_model_config
 from glm_dist.objectives.registry import get_objective
 from glm_dist.parallel.compile import compile_blocks, transformer_blocks
 from tests.conftest import FAST, ROOT, TINY, clean_env, tagged_json, train_losses

@@ -125,7 +125,7 @@ def test_every_published_size_has_a_recipe_with_a_layout():
     """configs/experiments/published/ holds a recipe for every size with a published parameter count."""
     from pathlib import Path
 
-    from glm_dist.models.registry import FAMILIES, published_flavors
+    from glm_dist.families.registry import FAMILIES, published_flavors
 
     recipes = [load_config(p) for p in (Path(TINY).parents[0] / "published").glob("*.yaml")]
     covered = {r.model.flavor for r in recipes}

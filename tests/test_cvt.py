@@ -16,7 +16,7 @@ from data_pipeline.tasks.tagging_shards import TaggingTask, write_tagging_shards
 from data_pipeline import wordnet
 from glm_dist.data.alternating import AlternatingLoader, TagsMismatch
 from glm_dist.data.loader import validation_batches
-from glm_dist.models.cvt import CVT, VIEWS, cvt_config
+from glm_dist.families.cvt.model import CVT, VIEWS, cvt_config
 from glm_dist.objectives.cvt import CVT as OBJECTIVE, spans, span_counts
 from glm_dist.objectives.registry import ObjectiveOptions, collate
 from tests.conftest import ROOT, train_losses

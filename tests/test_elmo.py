@@ -17,7 +17,7 @@ import torch
 from data_pipeline.tokenize.word import BOS_CHAR, BOW_CHAR, EOS_CHAR, EOW_CHAR, PAD_CHAR, char_table, word_chars
 from glm_dist.data.loader import Loader, validation_batches
 from glm_dist.data.shards import read_manifest
-from glm_dist.models.elmo import ELMo, elmo_config
+from glm_dist.families.elmo.model import ELMo, elmo_config
 from glm_dist.models.recurrent import LockedDropout, WeightDrop, WordDropEmbedding, reverse_padded
 from glm_dist.objectives.bilm import BILM
 from glm_dist.transfer.elmo import ElmoEmbedder, ScalarMix, encode

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from data_pipeline.tasks.wordnet_context import Morphy, items, split
 from glm_dist.errors import GlmError
-from glm_dist.models.elmo import ELMo, elmo_config
+from glm_dist.families.elmo.model import ELMo, elmo_config
 from glm_dist.transfer.elmo import ElmoEmbedder, encode, layer_features
 from glm_dist.transfer.elmo_task import WordInContext, accuracy, collate, fit, task_vocabulary
 from glm_dist.transfer.features import read_texts

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.objectives.registry import get_objective
 from glm_dist.ops import cross_entropy as ce_ops
 from glm_dist.ops.cross_entropy import (CHUNK_BYTES_PER_LOGIT, cross_entropy, linear_cross_entropy, loss_logits_bytes,
@@ -173,7 +173,7 @@ def test_gpt_clm_loss_never_makes_the_logits_and_equals_the_plain_loss():
 
 
 def test_plan_counts_the_loss_by_its_chunk_size():
-    from glm_dist.models.registry import resolve_model_config
+    from glm_dist.families.registry import resolve_model_config
 
     shape = model_shape("gpt", resolve_model_config("gpt", "gpt2-small"))
     assert shape.fused_loss

@@ -249,7 +249,7 @@ def sdpa_masks(monkeypatch, module) -> list:
 @pytest.mark.parametrize("window", [None, 3])
 def test_gpt_decoding_one_token_attends_without_a_mask_unless_the_window_cuts(window, monkeypatch):
     from glm_dist.models import common
-    from glm_dist.models.gpt import GPT, gpt_config
+    from glm_dist.families.gpt.model import GPT, gpt_config
 
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", n_layer=2, d_model=32, n_head=2, vocab_size=50, sparse_window=window)).eval()
@@ -268,7 +268,8 @@ def test_gpt_decoding_one_token_attends_without_a_mask_unless_the_window_cuts(wi
 
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_seq2seq_incremental_decoding_matches_and_unpadded_cross_attention_takes_no_mask(family, monkeypatch):
-    from glm_dist.models import bart, t5
+    from glm_dist.families.bart import model as bart
+    from glm_dist.families.t5 import model as t5
 
     module = {"bart": bart, "t5": t5}[family]
     cfg = bart.bart_config("bart-tiny", vocab_size=60) if family == "bart" else t5.t5_config("t5-tiny", vocab_size=60)
@@ -290,7 +291,7 @@ def test_seq2seq_incremental_decoding_matches_and_unpadded_cross_attention_takes
 
 
 def test_t5_casts_its_position_bias_once_per_stack_under_autocast(monkeypatch):
-    from glm_dist.models import t5
+    from glm_dist.families.t5 import model as t5
 
     torch.manual_seed(0)
     model = t5.T5(t5.t5_config("t5-tiny", vocab_size=60, n_layer=3)).eval()

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.prepare import is_validation, read_documents
 from glm_dist.eval.harness import GlmLM, _from_json, _to_json
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm
 
 TASKS = "pydoc_cloze,wordnet_mc,docstring_mc,pydoc_rolling,pydoc_generate"
@@ -338,8 +338,8 @@ def test_an_encoder_decoder_scores_equal_to_lm_eval_hf_seq2seq_on_its_export(cor
 
     from data_pipeline.tokenize.profiles import special_ids, train_tokenizer
     from glm_dist.eval.generate import GenerationConfig, generate
-    from glm_dist.hf.t5 import export_hf
-    from glm_dist.models.t5 import T5, t5_config
+    from glm_dist.families.t5.hf import export_hf
+    from glm_dist.families.t5.model import T5, t5_config
 
     tok = train_tokenizer("t5", [d["text"] for d in read_documents(corpus)][:200], vocab_size=800)
     tok.save(str(tmp_path / "tokenizer.json"))

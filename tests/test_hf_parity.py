@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from glm_dist.hf.gpt2 import export_hf, import_hf, to_hf_config, to_hf_state_dict
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.gpt.hf import export_hf, import_hf, to_hf_config, to_hf_state_dict
+from glm_dist.families.gpt.model import GPT, gpt_config
 
 TOL = 1e-4  # max abs difference of fp32 logits
 

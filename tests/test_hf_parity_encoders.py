@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from glm_dist.hf.bert import from_hf_state_dict, hf_model_class, to_hf_config, to_hf_state_dict
-from glm_dist.models.bert import Encoder, encoder_config, generator_config
+from glm_dist.families.bert.hf import from_hf_state_dict, hf_model_class, to_hf_config, to_hf_state_dict
+from glm_dist.families.bert.model import Encoder, encoder_config, generator_config
 
 TOL = 1e-4
 CASES = {
@@ -81,7 +81,7 @@ def test_albert_sharing_modes_share_what_they_say():
 
 
 def test_electra_pair_shares_embeddings_and_weights_the_discriminator_50x():
-    from glm_dist.models.bert import ElectraPair
+    from glm_dist.families.bert.model import ElectraPair
     from glm_dist.objectives import electra
 
     torch.manual_seed(0)

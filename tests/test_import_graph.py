@@ -25,7 +25,8 @@ FLOORS: dict[str, int] = {
     "glm_dist": 2,  # the package itself; its top-level modules are placed below
     "glm_dist.errors": 2,
     "glm_dist.ops": 2,
-    "glm_dist.models": 3,
+    "glm_dist.models": 3,  # layers the families share
+    "glm_dist.families": 3,  # a package per family: its model and transformers adapter; the registry
     "glm_dist.objectives": 4,
     "glm_dist.config": 5,  # the config names families and objectives; its checks read their tables
     "glm_dist.checkpoint": 6,  # the format; knows configs and families, not process groups

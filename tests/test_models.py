@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from glm_dist.models.common import count_parameters
-from glm_dist.models.gpt import GPT, gpt_config
-from glm_dist.models.registry import build_model, published_flavors
+from glm_dist.families.gpt.model import GPT, gpt_config
+from glm_dist.families.registry import build_model, published_flavors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ ENCODER_FAMILIES = ("bert", "roberta", "albert", "electra")
 
 @pytest.mark.parametrize("name", [n for fam in ENCODER_FAMILIES for n in published_flavors(fam)])
 def test_encoder_published_size_reproduces_published_parameter_count(name):
-    from glm_dist.models.bert import Encoder
+    from glm_dist.families.bert.model import Encoder
 
     flavor = published_flavors(name.split("-")[0])[name]
     with torch.device("meta"):
@@ -125,9 +125,9 @@ def test_encoder_published_size_reproduces_published_parameter_count(name):
 @pytest.mark.parametrize("name", ["bert-base", "bert-large", "roberta-base", "roberta-large", "albert-base",
                                   "albert-xxlarge", "electra-small", "electra-large"])
 def test_encoder_counts_equal_transformers_exactly(name):
-    from glm_dist.hf.bert import hf_model_class, to_hf_config
+    from glm_dist.families.bert.hf import hf_model_class, to_hf_config
 
-    from glm_dist.models.bert import Encoder
+    from glm_dist.families.bert.model import Encoder
 
     cfg = published_flavors(name.split("-")[0])[name].cfg
     with torch.device("meta"):

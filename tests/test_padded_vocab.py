@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from glm_dist.eval.generate import GenerationConfig, generate
-from glm_dist.hf.gpt2 import export_hf, import_hf
+from glm_dist.families.gpt.hf import export_hf, import_hf
 from glm_dist.models.common import count_parameters
-from glm_dist.models.gpt import GPT, gpt_config
-from glm_dist.models.registry import build_model, model_config_from_dict, published_flavors
+from glm_dist.families.gpt.model import GPT, gpt_config
+from glm_dist.families.registry import build_model, model_config_from_dict, published_flavors
 from glm_dist.objectives.registry import get_objective
 from glm_dist.ops.cross_entropy import cross_entropy, predicted, vocab_padding
 from tests.conftest import ROOT, clean_env
@@ -164,7 +164,7 @@ TP_SCRIPT = r'''
 import json, sys
 from dataclasses import replace
 import torch, torch.distributed as dist
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.objectives.registry import get_objective
 from glm_dist.ops.cross_entropy import cross_entropy, predicted, vocab_split
 from glm_dist.parallel.tensor import model_vocab_split, shard_model

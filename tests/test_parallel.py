@@ -203,7 +203,7 @@ def test_pipeline_stages_carry_the_models_own_weights():
     """The stages are cut from the same layer classes and start from the whole model's weights."""
     import torch
 
-    from glm_dist.models.gpt import GPT, gpt_config
+    from glm_dist.families.gpt.model import GPT, gpt_config
     from glm_dist.parallel.pipeline import gpt_source_name as _source_name
 
     model = GPT(gpt_config("tiny", n_layer=2))
@@ -414,7 +414,7 @@ def test_pipeline_partitions_by_blocks_or_parameters_and_refuses_empty_stages():
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
     from torch import nn
 
-    from glm_dist.models.gpt import GPTBlock, GPTEmbedding, gpt_config
+    from glm_dist.families.gpt.model import GPTBlock, GPTEmbedding, gpt_config
     from glm_dist.parallel.pipeline import TIED, TiedOutput, _logits, check_partition
 
     cfg = gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048)
@@ -475,7 +475,7 @@ def test_local_init_draws_each_parameter_from_its_own_seeded_generator():
     """train.init=local: GPT-2's rule per parameter name, the same values whatever the module holds."""
     import torch
 
-    from glm_dist.models.gpt import GPT, gpt_config, local_init_std
+    from glm_dist.families.gpt.model import GPT, gpt_config, local_init_std
     from glm_dist.parallel.init import init_stage
 
     cfg = gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048)
@@ -500,7 +500,7 @@ def test_local_init_rule_draws_the_variances_the_model_itself_draws(flavor):
     generators of their own, for every parameter."""
     import torch
 
-    from glm_dist.models.registry import family
+    from glm_dist.families.registry import family
     from glm_dist.parallel.init import init_whole
 
     spec = family(flavor.split("-")[0])

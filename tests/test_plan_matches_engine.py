@@ -30,7 +30,7 @@ from collections import deque
 import torch
 from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
-from glm_dist.models.registry import build_model
+from glm_dist.families.registry import build_model
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.engine import build_engine
 from glm_dist.train.optim import build_optimizer

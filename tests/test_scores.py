@@ -190,7 +190,7 @@ def test_every_token_is_scored_exactly_once_at_any_stride(stride):
 @pytest.fixture(scope="module")
 def small_lm(shards_dir):
     """A random tiny GPT-2 (context 16) with the corpus' tokenizer."""
-    from glm_dist.models.gpt import GPT, gpt_config
+    from glm_dist.families.gpt.model import GPT, gpt_config
 
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", n_layer=2, d_model=32, n_head=2, vocab_size=2048, context_length=16)).eval()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm_dist.models.registry import build_model, published_flavors
+from glm_dist.families.registry import build_model, published_flavors
 
 TOL = 1e-4
 
@@ -22,8 +22,8 @@ def _inputs(pad: int, start: int, vocab: int):
 def test_t5_logits_match_transformers(flavor):
     from transformers import T5ForConditionalGeneration
 
-    from glm_dist.hf.t5 import from_hf_state_dict, to_hf_config, to_hf_state_dict
-    from glm_dist.models.t5 import T5, t5_config
+    from glm_dist.families.t5.hf import from_hf_state_dict, to_hf_config, to_hf_state_dict
+    from glm_dist.families.t5.model import T5, t5_config
 
     cfg = t5_config(flavor, vocab_size=700)
     torch.manual_seed(0)
@@ -45,8 +45,8 @@ def test_t5_logits_match_transformers(flavor):
 def test_bart_logits_match_transformers_both_ways():
     from transformers import BartForConditionalGeneration
 
-    from glm_dist.hf.bart import from_hf_state_dict, to_hf_config, to_hf_state_dict
-    from glm_dist.models.bart import Bart, bart_config
+    from glm_dist.families.bart.hf import from_hf_state_dict, to_hf_config, to_hf_state_dict
+    from glm_dist.families.bart.model import Bart, bart_config
 
     cfg = bart_config("bart-tiny", vocab_size=700)
     torch.manual_seed(0)
@@ -73,20 +73,20 @@ def test_seq2seq_published_sizes_match_their_counts_and_transformers(name):
     if family == "bart":
         from transformers import BartForConditionalGeneration
 
-        from glm_dist.hf.bart import to_hf_config
+        from glm_dist.families.bart.hf import to_hf_config
         with torch.device("meta"):
             assert n == BartForConditionalGeneration(to_hf_config(flavor.cfg)).num_parameters()
     else:
         from transformers import T5ForConditionalGeneration
 
-        from glm_dist.hf.t5 import to_hf_config
+        from glm_dist.families.t5.hf import to_hf_config
         with torch.device("meta"):
             assert n == T5ForConditionalGeneration(to_hf_config(flavor.cfg)).num_parameters()
 
 
 def test_t5_v1_1_flavors_are_untied_gated_and_sized_like_the_release():
     cfg = published_flavors("t5")  # v1.1 flavors have no published count in docs/reference.md#model-sizes
-    from glm_dist.models.t5 import FLAVORS, T5
+    from glm_dist.families.t5.model import FLAVORS, T5
 
     small = FLAVORS["t5-v1_1-small"].cfg
     assert small.gated and not small.tied and cfg["t5-small"].cfg.tied

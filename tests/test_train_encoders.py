@@ -86,7 +86,7 @@ def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority
 
 
 def test_span_head_scores_start_and_end_with_two_vectors_and_ignores_padding():
-    from glm_dist.models.bert import Encoder, encoder_config
+    from glm_dist.families.bert.model import Encoder, encoder_config
     from glm_dist.models.heads import SequenceClassifier, SpanExtractor
 
     enc = Encoder(encoder_config("bert-tiny", vocab_size=100))

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import OpenAIGPTConfig, OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel
 
-from glm_dist.hf.openai_gpt import import_hf, to_hf_config, to_hf_state_dict
+from glm_dist.families.gpt1.hf import import_hf, to_hf_config, to_hf_state_dict
 from glm_dist.models.common import count_parameters
-from glm_dist.models.gpt1 import GPT1, gpt1_config
-from glm_dist.models.registry import build_model, published_flavors
+from glm_dist.families.gpt1.model import GPT1, gpt1_config
+from glm_dist.families.registry import build_model, published_flavors
 from glm_dist.transfer import inputs
 from glm_dist.transfer.heads import GPTTransfer, add_token_embeddings
 from glm_dist.transfer.inputs import SpecialTokens, pack

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from glm_dist.config.loader import load_config
-from glm_dist.models.awd_lstm import AwdLstm, awd_lstm_config
-from glm_dist.models.bert import Encoder, encoder_config
-from glm_dist.models.gpt import GPT, gpt_config
+from glm_dist.families.awd_lstm.model import AwdLstm, awd_lstm_config
+from glm_dist.families.bert.model import Encoder, encoder_config
+from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.models.heads import SequenceClassifier
-from glm_dist.models.registry import family
+from glm_dist.families.registry import family
 from glm_dist.parallel.engine import set_lr
 from glm_dist.train.finetune import FinetuneArgs
 from glm_dist.train.optim import build_optimizer

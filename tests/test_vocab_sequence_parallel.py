@@ -25,7 +25,7 @@ from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
 from glm_dist.data.loader import validation_batches
 from glm_dist.models.common import CausalSelfAttention
-from glm_dist.models.registry import build_model
+from glm_dist.families.registry import build_model
 from glm_dist.objectives.registry import get_objective, options_from_config
 from glm_dist.ops.cross_entropy import cross_entropy, linear_cross_entropy, predicted, vocab_split
 from glm_dist.parallel import comm

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import XLNetLMHeadModel
 
-from glm_dist.hf.xlnet import export_hf, import_hf, to_hf_config, to_hf_state_dict
+from glm_dist.families.xlnet.hf import export_hf, import_hf, to_hf_config, to_hf_state_dict
 from glm_dist.models.common import count_parameters
-from glm_dist.models.xlnet import FLAVORS, XLNet, xlnet_config
+from glm_dist.families.xlnet.model import FLAVORS, XLNet, xlnet_config
 from glm_dist.objectives.permutation_lm import plm_inputs
 from glm_dist.objectives.registry import collate
 

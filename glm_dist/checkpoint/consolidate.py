@@ -23,7 +23,7 @@ from glm_dist.checkpoint.storage import Storage
 from glm_dist.config.checks import MODEL_OVERRIDES, check_ranges
 from glm_dist.config.loader import ConfigError
 from glm_dist.config.schema import Config, ModelConfig
-from glm_dist.models.registry import FAMILIES, build_model, model_config_from_dict
+from glm_dist.families.registry import FAMILIES, build_model, model_config_from_dict
 
 READ_FOR_WEIGHTS = re.compile(r"^(shards/rank\d{5}\.(fp32|buffer)\.safetensors|shards/rank\d{5}\.json)$")
 # the largest model the plan publishes (GPT-3 175B): a checkpoint describing a bigger one is refused

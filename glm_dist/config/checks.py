@@ -7,7 +7,7 @@ from typing import Any
 from glm_common.config_bounds import TOKENS, check_bounds
 from glm_dist.config.loader import ConfigError, source_of
 from glm_dist.config.schema import Config
-from glm_dist.models.registry import FAMILIES, family, resolve_model_config
+from glm_dist.families.registry import FAMILIES, family, resolve_model_config
 from glm_dist.objectives.registry import OBJECTIVES
 
 MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "pad_vocab_to_multiple_of", "context_length",

@@ -104,6 +104,6 @@ def document_perplexity(model: Callable, documents: list, tok: Tokenizer, *, pre
 def gives_next_token_logits(family_name: str) -> bool:
     """Whether the family is a decoder-only LM: its forward maps token ids (B, T) to logits (B, T, V)
     (its registry row says so; calling the model to find out needs inputs some families lack)."""
-    from glm_dist.models.registry import family
+    from glm_dist.families.registry import family
 
     return family(family_name).next_token_logits

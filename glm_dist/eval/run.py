@@ -15,7 +15,7 @@ from glm_dist.config.schema import Config
 from glm_dist.data.loader import validation_batches
 from glm_dist.data.shards import read_manifest, read_shard, shard_sizes, shard_urls
 from glm_dist.eval.perplexity import byte_length_table, document_perplexity, evaluate, gives_next_token_logits
-from glm_dist.models.registry import build_model, model_config_from_dict
+from glm_dist.families.registry import build_model, model_config_from_dict
 from glm_dist.objectives.registry import get_objective, options_from_config
 from glm_dist.checkpoint.consolidate import consolidated_state_dict
 from glm_dist.checkpoint.files import CheckpointError

@@ -32,7 +32,7 @@ def load_decoder(checkpoint: str) -> LoadedModel:
     """A checkpoint's model (eval mode, on the GPU when there is one), tokenizer and special ids."""
     from data_pipeline.tokenize.profiles import special_ids
     from glm_dist.eval.run import load_checkpoint_model
-    from glm_dist.models.registry import exported_module, family
+    from glm_dist.families.registry import exported_module, family
 
     model, meta = load_checkpoint_model(checkpoint)
     spec = family(meta["model_family"])

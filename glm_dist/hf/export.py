@@ -8,7 +8,7 @@ from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
 from glm_dist.checkpoint.storage import Storage
 from glm_dist.eval.run import load_checkpoint_model
-from glm_dist.models.registry import exported_module, family, resolve
+from glm_dist.families.registry import exported_module, family, resolve
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:

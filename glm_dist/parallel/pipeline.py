@@ -20,9 +20,9 @@ import math
 import torch
 from torch import nn
 
-from glm_dist.models.bert import Encoder, EncoderBlock, EncoderEmbedding, pipeline_refusal
+from glm_dist.families.bert.model import Encoder, EncoderBlock, EncoderEmbedding, pipeline_refusal
 from glm_dist.models.common import normal_init_std
-from glm_dist.models.gpt import GPT, GPTBlock, GPTEmbedding, local_init_std
+from glm_dist.families.gpt.model import GPT, GPTBlock, GPTEmbedding, local_init_std
 from glm_dist.objectives.base import IGNORE_INDEX, token_report
 from glm_dist.parallel import comm
 from glm_dist.parallel.tensor import output_logits
@@ -227,7 +227,7 @@ class MLMTransform(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        from glm_dist.models.bert import _act
+        from glm_dist.families.bert.model import _act
 
         self.dense = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)

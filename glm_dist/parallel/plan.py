@@ -70,7 +70,7 @@ class ModelShape:
 
 
 def model_shape(family: str, model_cfg) -> ModelShape:
-    from glm_dist.models.registry import build_model, family as family_spec
+    from glm_dist.families.registry import build_model, family as family_spec
 
     from glm_dist.parallel.tensor import tensor_parameters, vocab_parameters
 

@@ -175,7 +175,7 @@ def output_logits(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:
 # -- which modules split how -----------------------------------------------------------------------
 def _plans() -> dict[type, ShardPlan]:
     """Every family's module class -> how it splits (the registry's ``tensor_plans``)."""
-    from glm_dist.models.registry import FAMILIES
+    from glm_dist.families.registry import FAMILIES
 
     return {cls: plan for spec in FAMILIES.values() for cls, plan in spec.tensor_plans.items()}
 
@@ -191,7 +191,8 @@ class VocabPlan:
 
 
 def _vocab_plans() -> dict[type, VocabPlan]:
-    from glm_dist.models import bert, gpt
+    from glm_dist.families.bert import model as bert
+    from glm_dist.families.gpt import model as gpt
     from glm_dist.parallel import pipeline
 
     return {gpt.GPTEmbedding: VocabPlan(embedding="wte"), gpt.GPTHead: VocabPlan(outputs=("lm_head",)),

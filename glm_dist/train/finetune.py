@@ -28,7 +28,7 @@ from glm_dist.errors import GlmError
 from glm_dist.eval.text_metrics import text_scores
 from glm_dist.eval.run import load_checkpoint_model
 from glm_dist.models.heads import SequenceClassifier
-from glm_dist.models.registry import FAMILIES, exported_module, family, resolve
+from glm_dist.families.registry import FAMILIES, exported_module, family, resolve
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.optim import build_optimizer

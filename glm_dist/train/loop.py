@@ -25,7 +25,7 @@ from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.prepare import ensure_shards
 from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.common import count_parameters
-from glm_dist.models.registry import build_model, family, resolve
+from glm_dist.families.registry import build_model, family, resolve
 from glm_dist.objectives.base import to_device
 from glm_dist.objectives.registry import get_objective, options_from_config
 from glm_dist.observability.device_memory import device_memory

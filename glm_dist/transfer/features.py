@@ -40,7 +40,7 @@ def export_features(checkpoint: str | Path, texts: Sequence[str], *, out: str | 
                     batch_size: int = 32) -> list[np.ndarray]:
     """Each text's features as float32 arrays; with ``out`` also saved as ``.npz``."""
     from glm_dist.eval.run import load_checkpoint_model
-    from glm_dist.models.registry import family, resolve
+    from glm_dist.families.registry import family, resolve
 
     if not texts:
         raise GlmError("no texts to compute features of")
@@ -48,7 +48,7 @@ def export_features(checkpoint: str | Path, texts: Sequence[str], *, out: str | 
     ref = family(meta["model_family"]).features
     if ref is None:
         raise GlmError(f"checkpoint {checkpoint} is a {meta['model_family']} model, which exports no contextual "
-                       f"features (families with a features function in glm_dist/models/registry.py do)")
+                       f"features (families with a features function in glm_dist/families/registry.py do)")
     tok = checkpoint_tokenizer(checkpoint)
     features = resolve(ref)(model, tok, list(texts), batch_size=batch_size)
     if out is not None:

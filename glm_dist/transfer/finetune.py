@@ -17,7 +17,7 @@ from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.config.loader import load_config
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.finetune import FinetuneArgs, FinetuneError, read_rows, split_rows, write_output
-from glm_dist.models.registry import family
+from glm_dist.families.registry import family
 from glm_dist.train.optim import build_optimizer
 from glm_dist.transfer.heads import GPTTransfer, add_token_embeddings, set_dropout
 from glm_dist.transfer.inputs import SpecialTokens, pack, transform

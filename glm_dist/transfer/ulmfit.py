@@ -26,7 +26,7 @@ from torch import nn
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.config.loader import load_config
-from glm_dist.models.awd_lstm import AwdLstm
+from glm_dist.families.awd_lstm.model import AwdLstm
 from glm_dist.objectives.awd_lm import activation_penalties
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.finetune import FinetuneArgs, FinetuneError, read_rows, split_rows, write_output

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from glm_dist.models.bert import EncoderConfig
+from glm_dist.families.bert.model import EncoderConfig
 
 _BLOCK_BERT = {  # ours -> transformers, inside "<prefix>.encoder.layer.{i}."
     "attn.query": "attention.self.query", "attn.key": "attention.self.key", "attn.value": "attention.self.value",

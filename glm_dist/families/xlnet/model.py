@@ -12,7 +12,7 @@
 - Segment-level recurrence: each layer's input of the previous segment (its first ``reuse_len``
   positions, the last ``mem_len`` kept) is prepended to the keys; memory is never differentiated.
 - Post-LN blocks, GELU (erf), LayerNorm eps 1e-12, output layer tied to the word embedding with its
-  own bias -- transformers' ``XLNetLMHeadModel`` exactly (glm_dist/hf/xlnet.py maps the weights).
+  own bias -- transformers' ``XLNetLMHeadModel`` exactly (glm_dist/families/xlnet/hf.py maps the weights).
 
 Layouts are batch-first throughout: ``input_ids`` (B, T); memory a list of one (B, M, d_model)
 tensor per layer. The loss is the objective's: cross-entropy of ``logits`` (B, P, V) against labels

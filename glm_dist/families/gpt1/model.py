@@ -4,7 +4,7 @@ GPT-2's decoder with the original arrangement: post-LN blocks (``x = LN(x + attn
 ``x = LN(x + mlp(x))``), no final LayerNorm, no LayerNorm on the embeddings (token + learned
 position, then dropout), GELU (tanh form), tied input/output embeddings, every weight drawn from
 N(0, 0.02) -- GPT-2's depth-scaled residual init came later. transformers' ``OpenAIGPTModel`` is
-the same network (``glm_dist/hf/openai_gpt.py``). The layer list and the forward are GPT's.
+the same network (``glm_dist/families/gpt1/hf.py``). The layer list and the forward are GPT's.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from glm_dist.models.common import Flavor
-from glm_dist.models.gpt import GPT, GPTBlock, GPTConfig, GPTEmbedding, GPTHead
+from glm_dist.families.gpt.model import GPT, GPTBlock, GPTConfig, GPTEmbedding, GPTHead
 
 # vocab 40478 = 40,000 BPE merges + the byte/character base, as transformers' openai-gpt.
 FLAVORS: dict[str, Flavor] = {

@@ -5,7 +5,7 @@ import re
 
 import torch
 
-from glm_dist.models.bart import BartConfig
+from glm_dist.families.bart.model import BartConfig
 
 _BLOCK = {"self_attn": "self_attn", "ln_self": "self_attn_layer_norm", "cross_attn": "encoder_attn",
           "ln_cross": "encoder_attn_layer_norm", "fc1": "fc1", "fc2": "fc2", "ln_ffn": "final_layer_norm"}

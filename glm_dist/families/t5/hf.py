@@ -5,7 +5,7 @@ import re
 
 import torch
 
-from glm_dist.models.t5 import T5Config
+from glm_dist.families.t5.model import T5Config
 
 
 def hf_name(ours: str) -> str:

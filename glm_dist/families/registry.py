@@ -15,7 +15,18 @@ from typing import Any, Callable
 
 from torch import nn
 
-from glm_dist.models import awd_lstm, bart, bert, common, cove, cvt, elmo, glove, gpt, gpt1, t5, xlnet
+from glm_dist.families.awd_lstm import model as awd_lstm
+from glm_dist.families.bart import model as bart
+from glm_dist.families.bert import model as bert
+from glm_dist.families.cove import model as cove
+from glm_dist.families.cvt import model as cvt
+from glm_dist.families.elmo import model as elmo
+from glm_dist.families.glove import model as glove
+from glm_dist.families.gpt import model as gpt
+from glm_dist.families.gpt1 import model as gpt1
+from glm_dist.families.t5 import model as t5
+from glm_dist.families.xlnet import model as xlnet
+from glm_dist.models import common
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ def _encoder(name: str, objectives: tuple[str, ...], *, pipeline: PipelineSpec |
     return FamilySpec(_flavors(bert.FLAVORS, name + "-"), bert.encoder_config, bert.Encoder, objectives,
                       pipeline=pipeline, tensor_plans=bert.TENSOR_PLANS, vocab_parallel=True, sequence_parallel=True,
                       init_std=common.normal_init_std,
-                      hf="glm_dist.hf.bert", finetune=ENCODER_FINETUNE,
+                      hf="glm_dist.families.bert.hf", finetune=ENCODER_FINETUNE,
                       adapter_sites=ENCODER_ADAPTERS, **kw)
 
 
@@ -103,35 +114,37 @@ FAMILIES: dict[str, FamilySpec] = {
                       pipeline=PipelineSpec("glm_dist.parallel.pipeline:gpt_pipeline",
                                             "glm_dist.parallel.pipeline:gpt_source_name", ("clm",),
                                             gpt.pipeline_refusal),
-                      hf="glm_dist.hf.gpt2", hf_classes=("GPT2LMHeadModel",), **GPT_FINETUNE),
+                      hf="glm_dist.families.gpt.hf", hf_classes=("GPT2LMHeadModel",), **GPT_FINETUNE),
     # GPT-1: GPT's layers with post-LN blocks; data parallelism and ZeRO only (the pipeline cuts GPT-2's blocks).
     "gpt1": FamilySpec(gpt1.FLAVORS, gpt1.gpt1_config, gpt1.GPT1, ("clm",), next_token_logits=True,
                        init_std=common.normal_init_std,
-                       hf="glm_dist.hf.openai_gpt",
+                       hf="glm_dist.families.gpt1.hf",
                        hf_classes=("OpenAIGPTLMHeadModel",), **GPT_FINETUNE),
     "bert": _encoder("bert", ("mlm_nsp", "mlm"), pipeline=ENCODER_PIPELINE, hf_classes=("BertForPreTraining",)),
     "roberta": _encoder("roberta", ("mlm",), pipeline=ENCODER_PIPELINE, hf_classes=("RobertaForMaskedLM",)),
     "albert": _encoder("albert", ("sop", "mlm"), hf_classes=("AlbertForPreTraining",)),
     # ELECTRA's generator samples replacements from its whole logits: no vocabulary or sequence split
     "electra": FamilySpec(_flavors(bert.FLAVORS, "electra-"), bert.encoder_config, bert.ElectraPair, ("electra",),
-                          tensor_plans=bert.TENSOR_PLANS, hf="glm_dist.hf.bert", hf_classes=("ElectraForPreTraining",),
+                          tensor_plans=bert.TENSOR_PLANS, hf="glm_dist.families.bert.hf",
+                          hf_classes=("ElectraForPreTraining",),
                           exported="discriminator", finetune=ENCODER_FINETUNE, adapter_sites=ENCODER_ADAPTERS),
     "t5": FamilySpec(t5.FLAVORS, t5.t5_config, t5.T5, ("span_corruption",), stacks=2, tensor_plans=t5.TENSOR_PLANS,
-                     init_std=t5.local_init_std, hf="glm_dist.hf.t5",
+                     init_std=t5.local_init_std, hf="glm_dist.families.t5.hf",
                      hf_classes=("T5ForConditionalGeneration",), finetune=("seq2seq",), decoder_start="pad",
                      adapter_sites=("self_attn.o", "cross_attn.o", "ffn.wo")),
-    "xlnet": FamilySpec(xlnet.FLAVORS, xlnet.xlnet_config, xlnet.XLNet, ("plm",), hf="glm_dist.hf.xlnet",
+    "xlnet": FamilySpec(xlnet.FLAVORS, xlnet.xlnet_config, xlnet.XLNet, ("plm",), hf="glm_dist.families.xlnet.hf",
                         hf_classes=("XLNetLMHeadModel",), finetune=ENCODER_FINETUNE, summary_position=-1, pad_left=True,
                         adapter_sites=("attn.o", "ffn.proj")),
     "bart": FamilySpec(bart.FLAVORS, bart.bart_config, bart.Bart, ("denoising",), stacks=2,
-                       tensor_plans=bart.TENSOR_PLANS, init_std=common.normal_init_std, hf="glm_dist.hf.bart",
+                       tensor_plans=bart.TENSOR_PLANS, init_std=common.normal_init_std, hf="glm_dist.families.bart.hf",
                        hf_classes=("BartForConditionalGeneration",), finetune=("seq2seq",), decoder_start="eos",
                        adapter_sites=("self_attn.out_proj", "cross_attn.out_proj", "fc2")),
     # the recurrent era: data parallel + ZeRO only (no pipeline, no tensor split, no transformers export)
     "glove": FamilySpec(glove.FLAVORS, glove.glove_config, glove.GloVe, ("glove",)),
     # CoVe: an attentional LSTM translation model over frozen GloVe inputs; its encoder exports the features
     "cove": FamilySpec(cove.FLAVORS, cove.cove_config, cove.CoVe, ("translation", "cvt_translation"),
-                       prepare="glm_dist.models.cove:load_inputs", features="glm_dist.transfer.cove:cove_features"),
+                       prepare="glm_dist.families.cove.model:load_inputs",
+                       features="glm_dist.transfer.cove:cove_features"),
     "elmo": FamilySpec(elmo.FLAVORS, elmo.elmo_config, elmo.ELMo, ("bilm",),
                        features="glm_dist.transfer.elmo:layer_features"),
     # ULMFiT's LM; its classifier (concat pooling over BPT3C windows) through glm_dist/transfer/ulmfit.py

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from glm_dist.models.gpt import GPTConfig, unpadded_state_dict
+from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
 
 _BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",
           "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}

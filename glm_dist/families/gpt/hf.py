@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from glm_dist.models.gpt import GPTConfig, unpadded_state_dict
+from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
 
 # ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
 _BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from glm_dist.models.xlnet import XLNetConfig
+from glm_dist.families.xlnet.model import XLNetConfig
 
 _TOP = {"embed.word.weight": "transformer.word_embedding.weight", "embed.mask_emb": "transformer.mask_emb",
         "head.lm.weight": "lm_loss.weight", "head.lm.bias": "lm_loss.bias"}
@@ -93,7 +93,7 @@ def from_hf_config(hf_cfg) -> XLNetConfig:
 
 def import_hf(hf_model) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
     """A transformers ``XLNetLMHeadModel`` -> our config and state dict."""
-    from glm_dist.models.xlnet import XLNet
+    from glm_dist.families.xlnet.model import XLNet
 
     cfg = from_hf_config(hf_model.config)
     with torch.device("meta"):

@@ -1,0 +1,1 @@
+"""The cove family: its model (model.py) and, where it exports, its transformers adapter (hf.py)."""

@@ -1,0 +1,1 @@
+"""The glove family: its model (model.py) and, where it exports, its transformers adapter (hf.py)."""

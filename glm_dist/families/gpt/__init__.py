@@ -1,0 +1,1 @@
+"""The gpt family: its model (model.py) and, where it exports, its transformers adapter (hf.py)."""
