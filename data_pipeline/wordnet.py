@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,13 +94,20 @@ def parse_line(line: str) -> Synset:
     return Synset(offset, pos, lemmas, definition, examples, tuple(pointers), LEXNAMES[int(fields[1])])
 
 
-def _lines(path: Path) -> Iterator[str]:
+def read_lines(path: Path, skipped: Counter | None = None) -> Iterator[str]:
+    """The lines after the license header; a line over MAX_LINE_BYTES is an error, or with ``skipped``
+    is skipped and counted (``line_too_large``; the rest of that line is read and dropped)."""
     if path.stat().st_size > MAX_FILE_BYTES:
         raise PipelineError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB: not a WordNet data file")
     with path.open("rb") as f:
         for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
             if len(raw) > MAX_LINE_BYTES:
-                raise PipelineError(f"{path}:{number}: line longer than {MAX_LINE_BYTES} bytes")
+                if skipped is None:
+                    raise PipelineError(f"{path}:{number}: line longer than {MAX_LINE_BYTES} bytes")
+                skipped["line_too_large"] += 1
+                while raw and not raw.endswith(b"\n"):
+                    raw = f.readline(MAX_LINE_BYTES + 1)
+                continue
             if not raw.startswith(b"  "):  # the license header's lines start with two spaces
                 yield raw.decode("utf-8", errors="replace").rstrip("\n")
 
@@ -109,7 +117,7 @@ def synsets(pos: str | Iterable[str] = "nvar", *, root: str | None = None) -> It
     base = wordnet_dir(root)
     for p in pos:
         path = base / FILES[p]
-        for number, line in enumerate(_lines(path), 1):
+        for number, line in enumerate(read_lines(path), 1):
             try:
                 yield parse_line(line)
             except (ValueError, IndexError) as err:
@@ -122,7 +130,7 @@ def senses(pos: str | Iterable[str] = "nvar", *, root: str | None = None) -> dic
     base, out = wordnet_dir(root), {}
     for p in pos:
         path = base / INDEX[p]
-        for number, line in enumerate(_lines(path), 1):
+        for number, line in enumerate(read_lines(path), 1):
             fields = line.split()
             try:
                 synset_count = int(fields[2])
@@ -137,7 +145,7 @@ def exceptions(pos: str, *, root: str | None = None) -> dict[str, tuple[str, ...
     ...: irregular plurals, past tenses, comparatives; ``a`` also serves satellites)."""
     base, out = wordnet_dir(root), {}
     path = base / EXCEPTIONS["a" if pos == "s" else pos]
-    for number, line in enumerate(_lines(path), 1):
+    for number, line in enumerate(read_lines(path), 1):
         fields = line.split()
         if len(fields) < 2:
             raise PipelineError(f"{path}: exception line {number} is malformed (an inflected form and its base forms)")

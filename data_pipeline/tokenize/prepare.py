@@ -31,20 +31,20 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from data_pipeline.document import Stats
-from data_pipeline.embedded import embedded_documents
 from data_pipeline.executors.cpus import available_cpus
 from data_pipeline.manifest import finished_run_shards
 from data_pipeline.errors import PipelineError
 from data_pipeline.readers import read
 from data_pipeline.recipe import ReaderCfg
 from data_pipeline.remote import RemoteReadError, check_host, check_scheme, open_url, storage_options
+from data_pipeline.sources import named_documents, named_source
 from data_pipeline.tokenize.profiles import PROFILES, special_ids, train_tokenizer
 from data_pipeline.tokenize.sentences import sentence_char_starts, sentence_token_starts
 from data_pipeline.writers.shards import INDEX_FORMAT, ShardSetWriter, write_bytes, write_manifest
 
 log = logging.getLogger(__name__)
 ENCODE_BATCH = 256
-EMBEDDED_FILES = 4  # the embedded corpus is materialised as this many source files (= tasks)
+NAMED_SOURCE_FILES = 4  # a named source (embedded, manpages, wordnet) is materialised as this many files (= tasks)
 MAX_TOKENIZER_BYTES = 256 * 2**20  # a tokenizer.json of a 250k vocabulary is ~20 MB
 
 
@@ -64,12 +64,13 @@ class ShardSpec:
 
 def read_documents(source: str, *, text_field: str = "text", max_record_mb: float = 10.0,
                    skipped: Counter | None = None) -> Iterator[dict]:
-    """Documents from ``embedded`` or from JSONL (.gz/.zst/...) / text files matching a path, glob
-    or fsspec URL, read by the crawl pipeline's readers: a malformed line, a record without a
-    string text field, one over ``max_record_mb``, a damaged file are skipped and counted."""
+    """Documents from a named source (``embedded``, ``manpages``, ``wordnet``: data_pipeline/sources.py)
+    or from JSONL (.gz/.zst/...) / text files matching a path, glob or fsspec URL, read by the crawl
+    pipeline's readers: a malformed line, a record without a string text field, one over
+    ``max_record_mb``, a damaged file are skipped and counted."""
     skipped = skipped if skipped is not None else Counter()
-    if source == "embedded":
-        yield from embedded_documents()
+    if named_source(source):
+        yield from named_documents(source, skipped)
         return
     urls = _source_urls(source)
     root = source_root(source)
@@ -133,7 +134,7 @@ def _relative(path: str, root: str) -> str:
 def source_root(source: str) -> str:
     """The folder a source's relative document places start from: the source itself when it is a
     folder (a crawl-pipeline run, say), else the folder above its first wildcard or above the file."""
-    if source == "embedded":
+    if named_source(source):
         return ""
     path = fsspec.core.url_to_fs(source)[1]
     wild = re.search(r"[*?\[]", path)
@@ -181,22 +182,39 @@ def is_validation(doc_id: str, per_mille: int) -> bool:
 
 
 def source_files(spec: ShardSpec) -> list[str]:
-    """The input files, one encoding task each. The embedded corpus is written out first."""
-    if spec.source != "embedded":
+    """The input files, one encoding task each. A named source is written out first, as
+    NAMED_SOURCE_FILES JSONL files under ``out_dir/source`` with what its reader skipped beside them
+    (``skipped.json``, added to the manifest's counts by :func:`merge`)."""
+    found = named_source(spec.source)
+    if found is None:
         return _source_urls(spec.source)
     fs, root = fsspec.core.url_to_fs(f"{spec.out_dir}/source")
-    names = [f"{root}/embedded-{i}.jsonl.gz" for i in range(EMBEDDED_FILES)]
+    names = [f"{root}/{found[0]}-{i}.jsonl.gz" for i in range(NAMED_SOURCE_FILES)]
     if not all(fs.exists(n) for n in names):
-        docs = list(embedded_documents())
+        skipped: Counter = Counter()
+        docs = list(named_documents(spec.source, skipped))
+        if not docs:
+            raise PipelineError(f"data.source={spec.source!r} has no documents (skipped: {dict(skipped) or 'none'})")
+        if skipped:
+            log.warning("%s: skipped %s", spec.source, dict(skipped))
+        write_bytes(fs.unstrip_protocol(f"{root}/skipped.json"), json.dumps(dict(skipped)).encode())
         for i, name in enumerate(names):
-            text = "".join(json.dumps(doc) + "\n" for doc in docs[i::EMBEDDED_FILES])
+            text = "".join(json.dumps(doc) + "\n" for doc in docs[i::NAMED_SOURCE_FILES])
             write_bytes(fs.unstrip_protocol(name), gzip.compress(text.encode(), mtime=0))
     return [fs.unstrip_protocol(n) for n in names]
 
 
+def _named_source_skips(spec: ShardSpec) -> Counter:
+    """What a named source's reader skipped while :func:`source_files` wrote it out."""
+    if named_source(spec.source) is None:
+        return Counter()
+    fs, root = fsspec.core.url_to_fs(f"{spec.out_dir}/source/skipped.json")
+    return Counter(json.loads(fs.read_text(root))) if fs.exists(root) else Counter()
+
+
 def files_root(spec: ShardSpec) -> str:
     """The folder :func:`source_files`' document places are relative to."""
-    if spec.source == "embedded":
+    if named_source(spec.source):
         return fsspec.core.url_to_fs(f"{spec.out_dir}/source")[1]
     return source_root(spec.source)
 
@@ -297,7 +315,7 @@ def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
         "splits": {s: [info for r in results for info in r["shards"][s] if info["num_samples"]]
                    for s in ("train", "validation")},
         "source": {"spec": spec.source, "files": len(files), "documents": sum(r["documents"] for r in results),
-                   "skipped": dict(sum((Counter(r["skipped"]) for r in results), Counter()))},
+                   "skipped": dict(sum((Counter(r["skipped"]) for r in results), _named_source_skips(spec)))},
     }
     write_manifest(spec.out_dir, manifest)
     return manifest
