@@ -21,14 +21,16 @@ install -e ".${EXTRAS:+[$EXTRAS]}"
 # Real text and labels the tests and offline eval tasks read, from Debian packages (installed where
 # apt-get exists and we are root; elsewhere install them yourself):
 #   wordnet-base  WordNet's database (data_pipeline/wordnet.py: senses, parts of speech, glosses, examples)
+#   manpages      Linux's manual pages (data_pipeline/manpages.py: the 'manpages' source of data mixtures)
 #   python3-doc   Python's HTML documentation (Sphinx markup of Python objects; the FAQ's questions and answers)
 #   gettext       msgunfmt (a compiled .mo catalog back to .po: the .po reader's test)
 #   iso-codes libc-l10n gnupg-l10n krb5-locales git libglib2.0-data libgtk2.0-common xkb-data wget
 #   binutils-common procps shared-mime-info gsettings-desktop-schemas
 #                 their German gettext catalogs (/usr/share/locale/de/LC_MESSAGES/*.mo, ~40k messages with the
 #                 essential packages' own): CoVe's English -> German translation pairs (glm data gettext)
-APT_PACKAGES=(wordnet-base python3-doc gettext iso-codes libc-l10n gnupg-l10n krb5-locales git libglib2.0-data
-              libgtk2.0-common xkb-data wget binutils-common procps shared-mime-info gsettings-desktop-schemas)
+APT_PACKAGES=(wordnet-base manpages python3-doc gettext iso-codes libc-l10n gnupg-l10n krb5-locales git
+              libglib2.0-data libgtk2.0-common xkb-data wget binutils-common procps shared-mime-info
+              gsettings-desktop-schemas)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
 if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
