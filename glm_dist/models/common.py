@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -208,6 +208,16 @@ class Flavor:
     params: float = 0
     tol: float = 0.01
     note: str = ""
+
+
+def flavor_config(flavors: dict[str, Flavor], label: str) -> Callable[..., Any]:
+    """A family's ``(flavor, **overrides) -> config``: the named flavor with fields replaced by the
+    non-None ``overrides`` (litgpt's ``from_name``); ``label`` names the family in the error."""
+    def config(flavor: str, **overrides) -> Any:
+        if flavor not in flavors:
+            raise KeyError(f"unknown {label} flavor {flavor!r}; known: {', '.join(flavors)}")
+        return replace(flavors[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+    return config
 
 
 # tensor parallelism of the layers above (GPT's blocks)

@@ -21,13 +21,13 @@ dropoute 0.1, dropouti 0.65, dropouth 0.3, dropout 0.4, wdrop 0.5; alpha 2, beta
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 from glm_dist.models.recurrent import LockedDropout, LSTMLayer, State, WordDropEmbedding
 
 
@@ -66,11 +66,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def awd_lstm_config(flavor: str, **overrides) -> AwdLstmConfig:
-    """The named flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown AWD-LSTM flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+awd_lstm_config = flavor_config(FLAVORS, "AWD-LSTM")
 
 
 class AwdLstm(nn.Module):

@@ -6,13 +6,13 @@ starts from EOS (BART's decoder_start_token_id) and reconstructs the original te
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor, ShardPlan
+from glm_dist.models.common import Flavor, ShardPlan, flavor_config
 
 POSITION_OFFSET = 2  # fairseq's learned positions reserve the first two rows
 
@@ -153,7 +153,4 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def bart_config(flavor: str, **overrides) -> BartConfig:
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown BART flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+bart_config = flavor_config(FLAVORS, "BART")

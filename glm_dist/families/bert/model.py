@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor, ShardPlan
+from glm_dist.models.common import Flavor, ShardPlan, flavor_config
 
 
 @dataclass(frozen=True)
@@ -262,10 +262,7 @@ def pipeline_refusal(cfg: EncoderConfig) -> str | None:
     return None
 
 
-def encoder_config(flavor: str, **overrides) -> EncoderConfig:
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown encoder flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+encoder_config = flavor_config(FLAVORS, "encoder")
 
 
 def generator_config(disc: EncoderConfig, *, fraction: float | None = None) -> EncoderConfig:

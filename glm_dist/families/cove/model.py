@@ -25,14 +25,14 @@ outside the graph (input feeding takes its h~ as a constant) and returns both vi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from glm_dist.errors import GlmError
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 from glm_dist.models.recurrent import AttentionLSTMDecoder, LSTMLayer, global_attention
 
 MAX_VECTOR_BYTES = 16 * 2**30  # the 840B GloVe table at 2.2M x 300 float32 is 2.6 GB
@@ -66,11 +66,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def cove_config(flavor: str, **overrides) -> CoVeConfig:
-    """The named flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown CoVe flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+cove_config = flavor_config(FLAVORS, "CoVe")
 
 
 class CoVe(nn.Module):

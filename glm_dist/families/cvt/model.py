@@ -25,13 +25,13 @@ embedding scale.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 from glm_dist.models.recurrent import CharCNN, LSTMLayer
 
 MAX_CHARS = 50  # characters per word (data_pipeline/tokenize/word.py)
@@ -73,11 +73,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def cvt_config(flavor: str, **overrides) -> CvtConfig:
-    """The named flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown CVT flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+cvt_config = flavor_config(FLAVORS, "CVT")
 
 
 class PredictionModule(nn.Module):

@@ -19,12 +19,12 @@ softmax are not reproduced (the full softmax is exact; plain LSTMs keep the fuse
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 from glm_dist.models.recurrent import CharCNN, LSTMLayer
 
 MAX_CHARS = 50  # characters per word (data_pipeline/tokenize/word.py)
@@ -62,11 +62,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def elmo_config(flavor: str, **overrides) -> ElmoConfig:
-    """The named flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown ELMo flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+elmo_config = flavor_config(FLAVORS, "ELMo")
 
 
 class ELMo(nn.Module):

@@ -7,12 +7,12 @@ Initialisation follows the authors' glove.c: uniform in [-0.5, 0.5) / dim for ve
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def glove_config(flavor: str, **overrides) -> GloVeConfig:
-    """The named flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown GloVe flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+glove_config = flavor_config(FLAVORS, "GloVe")
 
 
 class GloVe(nn.Module):

@@ -15,7 +15,7 @@ loads with zero padding rows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from glm_dist.models.common import (Flavor, MLP, CausalSelfAttention, OutputLinear, count_parameters, init_gpt_weights,
-                                    pad_vocab_rows, padded_size)
+                                    flavor_config, pad_vocab_rows, padded_size)
 from glm_dist.ops.cross_entropy import real_logits, vocab_padding
 
 
@@ -78,11 +78,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def gpt_config(flavor: str, **overrides) -> GPTConfig:
-    """The named flavor with fields replaced by non-None ``overrides`` (litgpt's ``from_name``)."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown GPT flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+gpt_config = flavor_config(FLAVORS, "GPT")
 
 
 VOCAB_MATRICES = ("embed.wte.weight", "head.lm_head.weight")  # (padded vocab, C), one tied tensor

@@ -8,12 +8,11 @@ the same network (``glm_dist/families/gpt1/hf.py``). The layer list and the forw
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 from torch import nn
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 from glm_dist.families.gpt.model import GPT, GPTBlock, GPTConfig, GPTEmbedding, GPTHead
 
 # vocab 40478 = 40,000 BPE merges + the byte/character base, as transformers' openai-gpt.
@@ -24,11 +23,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def gpt1_config(flavor: str, **overrides) -> GPTConfig:
-    """The named GPT-1 flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown GPT-1 flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+gpt1_config = flavor_config(FLAVORS, "GPT-1")
 
 
 class GPT1Block(GPTBlock):

@@ -1,1 +1,1 @@
-"""The t5 family: its model (model.py) and, where it exports, its transformers adapter (hf.py)."""
+"""The t5 family: its registry row (spec.py), model (model.py) and, where it exports, transformers adapter (hf.py)."""

@@ -9,14 +9,14 @@ FFN, untied output layer. Decoder inputs are the targets shifted right, starting
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor, ShardPlan
+from glm_dist.models.common import Flavor, ShardPlan, flavor_config
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,4 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def t5_config(flavor: str, **overrides) -> T5Config:
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown T5 flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+t5_config = flavor_config(FLAVORS, "T5")

@@ -23,14 +23,14 @@ out of every real position's attention.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from glm_dist.models.common import Flavor
+from glm_dist.models.common import Flavor, flavor_config
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,7 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def xlnet_config(flavor: str, **overrides) -> XLNetConfig:
-    """The named flavor with fields replaced by non-None ``overrides``."""
-    if flavor not in FLAVORS:
-        raise KeyError(f"unknown XLNet flavor {flavor!r}; known: {', '.join(FLAVORS)}")
-    return replace(FLAVORS[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+xlnet_config = flavor_config(FLAVORS, "XLNet")
 
 
 @dataclass

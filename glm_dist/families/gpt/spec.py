@@ -1,0 +1,21 @@
+"""GPT's registry row: GPT-2/GPT-3 decoders, every layout (data, ZeRO, pipeline, tensor, sequence)."""
+from __future__ import annotations
+
+from glm_dist.families.gpt import model as gpt
+from glm_dist.families.spec import FamilySpec, PipelineSpec
+from glm_dist.models import common
+
+# GPT's fine-tuning (Radford et al. 2018): the last (extract) token's state through W_y, LM loss as auxiliary.
+GPT_FINETUNE = dict(finetune=("classify", "entailment", "similarity", "multiple_choice"), summary_position=-1,
+                    finetune_with="glm_dist.transfer.finetune:finetune_gpt", adapter_sites=("attn.proj", "mlp.proj"))
+
+FAMILIES = {
+    "gpt": FamilySpec(gpt.FLAVORS, gpt.gpt_config, gpt.GPT, ("clm",), next_token_logits=True,
+                      init_std=gpt.local_init_std,
+                      tensor_plans=common.GPT_TENSOR_PLANS, vocab_parallel=True,
+                      sequence_parallel=True,
+                      pipeline=PipelineSpec("glm_dist.parallel.pipeline:gpt_pipeline",
+                                            "glm_dist.parallel.pipeline:gpt_source_name", ("clm",),
+                                            gpt.pipeline_refusal),
+                      hf="glm_dist.families.gpt.hf", hf_classes=("GPT2LMHeadModel",), **GPT_FINETUNE),
+}

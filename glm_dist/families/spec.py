@@ -1,0 +1,78 @@
+"""What a family tells the rest of the library: its ``FamilySpec`` row (docs/architecture.md, decision 10).
+
+Each family package builds its row(s) in ``families/<family>/spec.py`` from these types; the registry
+(``families/registry.py``) only collects them. Pipelines and adapters are named as ``"module:function"``
+and imported when used, so a row (and ``models/``) never imports DeepSpeed or transformers.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    build: str  # "module:function" -> PipelineModule of (model, stages=, topology=, partition=, ...)
+    rename: str  # "module:function" -> unpipelined name of a stage's state-dict key: (key, n_layer) -> str | None
+    objectives: tuple[str, ...]  # the objectives whose loss runs on the last stage
+    refuse: Callable[[Any], str | None] = lambda cfg: None  # why a model config cannot be cut (None: it can)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    flavors: dict[str, Any]
+    config: Callable[..., Any]  # (flavor, **overrides) -> the model config
+    model: type[nn.Module]
+    objectives: tuple[str, ...]  # what it trains
+    stacks: int = 1  # transformer stacks: 2 for encoder-decoders (layers count twice)
+    pipeline: PipelineSpec | None = None
+    # tensor parallelism: module class -> ShardPlan (models/common.py) of how parallel/tensor.py splits it
+    # (attention heads, FFN width); empty: the family does not tensor-split
+    tensor_plans: dict = field(default_factory=dict)
+    vocab_parallel: bool = False  # under tensor parallelism, its token embedding and tied output split by vocabulary
+    # its layers() list (embedding, blocks, head) cut along the sequence between the ends
+    sequence_parallel: bool = False
+    next_token_logits: bool = False  # a decoder-only LM: forward(ids (B, T)) -> logits (B, T, V) (rolling
+    # perplexity of documents, lm-eval tasks in the training loop)
+    # train.init=local: model config -> the std of each parameter's normal draw by its name (parallel/init.py
+    # draws every parameter from its own seeded generator, so no rank builds the whole model); None: refused
+    init_std: Callable[[Any], Callable[[str], float]] | None = None
+    hf: str | None = None  # module with ``import_hf`` / ``export_hf``
+    hf_classes: tuple[str, ...] = ()  # what the export loads in transformers
+    exported: str | None = None  # the submodule exported and fine-tuned (ELECTRA's discriminator)
+    finetune: tuple[str, ...] = ()  # glm finetune tasks it takes: classify | seq2seq | entailment | similarity |
+    # multiple_choice | span | tokens
+    finetune_with: str | None = None  # "module:function" fine-tuning it (None: train/finetune.py's [CLS] classifier)
+    summary_position: int = 0  # the position a classifier reads: BERT's [CLS] first, XLNet's <cls> last (-1)
+    pad_left: bool = False  # fine-tuning inputs padded on the left (XLNet), so the last position is real
+    decoder_start: str | None = None  # seq2seq: the token role the decoder starts from
+    # "module:function" (model, manifest, shards_dir): before training, set what is read from the data set, not
+    # learned (CoVe's frozen GloVe table)
+    prepare: str | None = None
+    # output projections of the blocks' attention / FFN sublayers (Houlsby adapters)
+    adapter_sites: tuple[str, ...] = ()
+    features: str | None = None  # "module:function" (model, tokenizer, texts, batch_size=) -> arrays (glm features)
+
+    @property
+    def local_init(self) -> bool:
+        """Whether train.init=local can draw its weights."""
+        return self.init_std is not None
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether it tensor-splits at all."""
+        return bool(self.tensor_plans)
+
+
+def flavors_named(table: dict, prefix: str) -> dict:
+    """The flavors of ``table`` whose names start with ``prefix`` (the encoder families share one table)."""
+    return {name: f for name, f in table.items() if name.startswith(prefix)}
+
+
+def resolve(ref: str) -> Callable:
+    """``"module:function"`` -> the function (imported now)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
