@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, ClassVar, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from glm_dist.errors import GlmError
-from glm_dist.ops.cross_entropy import cross_entropy, predicted
-
-IGNORE_INDEX = -100  # label of a position that is not predicted (torch's cross-entropy default)
+from glm_dist.ops.cross_entropy import IGNORE_INDEX, cross_entropy, predicted
 
 
 @dataclass
@@ -66,6 +64,9 @@ class Objective:
     salt: int  # the RNG stream of this objective's noise: fixed forever, or resumed runs change
     padded: bool = False  # samples right-padded to seq_len (fixed shapes)
     sums: tuple[str, ...] = ("nll", "targets", "correct")  # what ``loss(metrics=True)`` adds up
+    # what ``glm data tokenize`` writes for it: token shards, or a translation pair set, or co-occurrence counts
+    pairs: ClassVar[bool] = False
+    counts: ClassVar[bool] = False
 
     def builder(self, *, seq_len: int, vocab: Vocab, opts, stream: int = 0) -> Builder:
         raise NotImplementedError

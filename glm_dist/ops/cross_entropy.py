@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 
-IGNORE_INDEX = -100  # torch's default: a position that is not predicted
+IGNORE_INDEX = -100  # the label of a position that is not predicted (torch's default); the one definition
 CHUNK_TOKENS = 1024  # rows of fp32 logits per chunk: 1024 x 50257 x 4 B = 196 MiB
 # Peak bytes per logit element of one chunk (bench/loss_memory.py measures it): the fp32 logits,
 # worked on in place, and their 16-bit copy for the gradient's matmuls.

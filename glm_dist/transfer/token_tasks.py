@@ -26,12 +26,12 @@ from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.config.loader import load_config
 from glm_dist.eval.squad import squad_scores
 from glm_dist.models.heads import SpanExtractor, TokenClassifier
+from glm_dist.ops.cross_entropy import IGNORE_INDEX
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.optim import build_optimizer
 from glm_dist.transfer.tricks import Tricks
 
 MAX_ANSWER_TOKENS = 30
-IGNORE = -100
 # each task's fields when --text-field / --pair-field / --label-field are not given
 FIELDS = {"span": {"text_field": "context", "pair_field": "question", "label_field": "answers"},
           "tokens": {"text_field": "tokens", "label_field": "tags"}}
@@ -77,7 +77,7 @@ def span_data(rows: list[dict], tok: Tokenizer, f: dict, *, max_len: int, pad_id
     tok.enable_truncation(max_len, strategy="longest_first")
     encodings = tok.encode_batch([(str(r[f["pair_field"]]), str(r[f["text_field"]])) for r in rows])
     data, shifts = pad(encodings, pad_id, left=left)
-    positions, contexts = torch.full((len(rows), 2), IGNORE), []
+    positions, contexts = torch.full((len(rows), 2), IGNORE_INDEX), []
     for i, (row, enc, shift) in enumerate(zip(rows, encodings, shifts)):
         answers = row[f["label_field"]]
         start = answers["answer_start"][0]
@@ -107,7 +107,7 @@ def token_data(rows: list[dict], tok: Tokenizer, f: dict, tags: dict[str, int], 
     tok.enable_truncation(max_len)
     encodings = tok.encode_batch([[str(w) for w in r[f["text_field"]]] for r in rows], is_pretokenized=True)
     data, shifts = pad(encodings, pad_id, left=left)
-    labels = torch.full_like(data["input_ids"], IGNORE)
+    labels = torch.full_like(data["input_ids"], IGNORE_INDEX)
     for i, (row, enc, shift) in enumerate(zip(rows, encodings, shifts)):
         seen = set()
         for j, word in enumerate(enc.word_ids):
@@ -202,7 +202,7 @@ def token_accuracy(model: TokenClassifier, data: dict, batch_size: int) -> float
     for i in range(0, len(data["input_ids"]), batch_size):
         logits = model(**{k: v[i:i + batch_size].to(device) for k, v in _inputs(data).items()})
         labels = data["labels"][i:i + batch_size].to(device)
-        scored = labels != IGNORE
+        scored = labels != IGNORE_INDEX
         right += int((logits.argmax(-1)[scored] == labels[scored]).sum())
         total += int(scored.sum())
     return right / max(1, total)
@@ -219,13 +219,13 @@ def train_tokens(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict
 
     def loss_of(engine, part):
         return F.cross_entropy(engine(**_inputs(part)).float().flatten(0, 1), part["labels"].flatten(),
-                               ignore_index=IGNORE)
+                               ignore_index=IGNORE_INDEX)
 
     history, settings = fit(model, model.classifier, train, loss_of, args,
                             lambda: {"valid_accuracy": token_accuracy(model, valid, args.batch_size)},
                             adapter_sites=adapter_sites)
     majority = tags[counts.most_common(1)[0][0]]
-    scored = valid["labels"] != IGNORE
+    scored = valid["labels"] != IGNORE_INDEX
     return {"task": "tokens", "tags": list(tags), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
             "valid_words": int(scored.sum()), **history[-1],
             "majority_baseline": float((valid["labels"][scored] == majority).float().mean()),
