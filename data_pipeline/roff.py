@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-MAX_MACRO_DEPTH = 8  # nested macro calls
+MAX_DEPTH = 16  # nested macro calls and conditionals (deeper ones are dropped: no recursion limit hit)
 MAX_EXPANSION_LINES = 200_000  # lines produced by macro expansion in one page
 
 # Special characters (groff_char(7)) by name; an unknown name becomes nothing.
@@ -61,6 +61,10 @@ FONT_WORDS = {"B", "I", "SM", "SB", "Em", "Sy", "Nm", "Ar", "Fl", "Cm", "Pa", "L
 FONT_ALTERNATING = {"BR", "RB", "IR", "RI", "BI", "IB"}
 BLOCKS_SKIPPED = {"EQ": "EN", "PS": "PE", "[": "]", "G1": "G2"}
 DEFINITIONS = {"de", "de1", "dei", "am", "am1", "ami", "ig"}
+# man(7)/mdoc(7) macros that only lay out (their arguments are numbers or names, not text); any other
+# macro with a capital in its name prints its arguments (mdoc's .Nm, .Fl, .Ar ... are words of the text)
+LAYOUT_MACROS = {"TH", "RS", "RE", "PD", "DT", "UC", "AT", "Dd", "Dt", "Os", "Bf", "Ef", "Bk", "Ek", "In", "Rs",
+                 "Re", "Ns", "No", "Sm", "Pf", "INDENT", "UNINDENT", "TE", "T&", "ME", "MR", "HY", "LO"}
 
 
 @dataclass
@@ -113,6 +117,8 @@ def split_args(rest: str) -> list[str]:
 
 
 def _run(page: _Page, lines: list[str], *, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        return
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -129,10 +135,10 @@ def _text_line(page: _Page, line: str) -> None:
         return
     if page.fill and line[:1] in (" ", "\t"):  # leading space breaks the line in fill mode
         _break(page)
-    _text(page, unescape(line, page.strings), raw=line)
+    _text(page, unescape(line, page.strings))
 
 
-def _text(page: _Page, text: str, *, raw: str = "") -> None:
+def _text(page: _Page, text: str) -> None:
     """Add text: one more line of the paragraph (fill), or a line of its own (no-fill, a trap)."""
     if page.trap:
         _break(page)
@@ -140,8 +146,6 @@ def _text(page: _Page, text: str, *, raw: str = "") -> None:
         page.trap = False
     elif page.fill:
         if text.strip():
-            if raw.endswith("\\c") and page.para:  # \c joins the next input line to this one
-                text = text.rstrip()
             page.para.append(text.strip())
     else:
         page.lines.append(text)
@@ -187,13 +191,12 @@ def _request(page: _Page, lines: list[str], i: int, line: str, *, depth: int) ->
 def _macro(page: _Page, name: str, args: list[str]) -> None:
     """The man(7) and mdoc(7) macros that carry text or breaks; the rest only lays out."""
     text = [unescape(a, page.strings) for a in args]
-    if name in HEADINGS:
+    if name in HEADINGS:  # a line of its own between blank lines (without arguments: the next text line)
         _blank(page)
         if text:
-            page.lines.append(" ".join(text))
+            page.lines += [" ".join(text), ""]
         else:
             page.trap = True
-        _break_after_heading(page)
     elif name in PARAGRAPHS:
         _blank(page)
     elif name in ("TP", "TQ"):
@@ -226,15 +229,6 @@ def _macro(page: _Page, name: str, args: list[str]) -> None:
         _text(page, " ".join(text))
 
 
-def _break_after_heading(page: _Page) -> None:
-    if not page.trap:
-        page.lines.append("")
-
-
-# man(7)/mdoc(7) macros that only lay out (their arguments are numbers or names, not text)
-LAYOUT_MACROS = {"TH", "RS", "RE", "PD", "DT", "UC", "AT", "Dd", "Dt", "Os", "Bf", "Ef", "Bk", "Ek", "In", "Rs",
-                 "Re", "Ns", "No", "Sm", "Pf", "INDENT", "UNINDENT", "TE", "T&", "ME", "MR", "HY", "LO"}
-
 
 def _define(page: _Page, lines: list[str], i: int, name: str, args: list[str]) -> int:
     """``.de NAME [END]`` ... ``..``: keep the body (``.am`` appends); ``.ig`` skips to ``..``."""
@@ -251,7 +245,7 @@ def _define(page: _Page, lines: list[str], i: int, name: str, args: list[str]) -
 def _expand(page: _Page, body: list[str], args: list[str], *, depth: int) -> None:
     """A page's own macro called with ``args``: ``\\$1``... and ``\\$*`` substituted, ``\\\\`` -> ``\\``."""
     page.expanded += len(body)
-    if depth >= MAX_MACRO_DEPTH or page.expanded > MAX_EXPANSION_LINES:
+    if page.expanded > MAX_EXPANSION_LINES:
         return
 
     def arg(m: re.Match) -> str:
@@ -265,7 +259,7 @@ def _expand(page: _Page, body: list[str], args: list[str], *, depth: int) -> Non
 
 
 def _conditional(page: _Page, lines: list[str], i: int, name: str, rest: str, *, depth: int) -> int:
-    """``.if COND BODY``, ``.ie COND BODY`` / ``.el BODY``; a BODY opening ``\\{`` runs to ``\\}``."""
+    """``.if COND BODY``, ``.ie COND BODY`` / ``.el BODY``; a BODY opening ``\\{`` runs to its ``\\}``."""
     if name == "el":
         taken, body = not page.last_if, rest
     else:
@@ -273,26 +267,16 @@ def _conditional(page: _Page, lines: list[str], i: int, name: str, rest: str, *,
         if name == "ie":
             page.last_if = taken
     body = body.lstrip()
-    block = body.startswith("\\{")
-    if block:
-        body = body[2:].lstrip()
-    if not block:
-        if taken and body:
-            _run(page, [body], depth=depth)
-        return i
-    if taken:
-        block_lines = [body] if body else []
-        depth_open = 1 + body.count("\\{") - body.count("\\}")
-        while i < len(lines) and depth_open > 0:
-            depth_open += lines[i].count("\\{") - lines[i].count("\\}")
-            block_lines.append(lines[i])
+    block = [body]
+    if body.startswith("\\{"):
+        block = [body[2:].lstrip()]
+        open_braces = 1 + body[2:].count("\\{") - body[2:].count("\\}")
+        while i < len(lines) and open_braces > 0:
+            open_braces += lines[i].count("\\{") - lines[i].count("\\}")
+            block.append(lines[i])
             i += 1
-        _run(page, [re.sub(r"\\[{}]", "", line) for line in block_lines], depth=depth)
-        return i
-    depth_open = 1 + body.count("\\{") - body.count("\\}")
-    while i < len(lines) and depth_open > 0:
-        depth_open += lines[i].count("\\{") - lines[i].count("\\}")
-        i += 1
+    if taken:
+        _run(page, [re.sub(r"\\[{}]", "", line) for line in block if line], depth=depth + 1)
     return i
 
 
