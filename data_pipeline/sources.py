@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 from data_pipeline.embedded import embedded_documents
 from data_pipeline.errors import PipelineError
 from data_pipeline.manpages import manpage_documents
+from data_pipeline.remote import check_scheme
 from data_pipeline.wordnet_corpus import wordnet_documents
 
 Reader = Callable[[str | None, Counter], Iterator[dict]]
@@ -46,3 +47,15 @@ def named_documents(source: str, skipped: Counter) -> Iterator[dict]:
         raise PipelineError(f"data.source={source!r} is not one of the named sources {sorted(NAMED)}")
     name, arg = found
     return NAMED[name](arg, skipped)
+
+
+def check_source(source: str, key: str) -> None:
+    """:func:`data_pipeline.remote.check_scheme` for a key that names a source (``data.source``, a
+    mixture's ``source``): a named source passes -- ``manpages:/path`` is a name and a local folder,
+    not a URL scheme -- and anything else must be an allowed location. ``ValueError``: one line."""
+    try:
+        named = named_source(source)
+    except PipelineError as err:
+        raise ValueError(f"{key}: {err}") from None
+    if named is None:
+        check_scheme(source, key)
