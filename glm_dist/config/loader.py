@@ -7,6 +7,7 @@ from pathlib import Path
 
 from glm_common.config_bounds import check_bounds
 from glm_common.config_yaml import CLI, MAX_CONFIG_BYTES, ConfigError, load_structured, source_of, to_dict
+from glm_dist.config.mixture import check_mixture
 from glm_dist.config.schema import Config
 
 __all__ = ["CLI", "MAX_CONFIG_BYTES", "ConfigError", "load_config", "load_structured", "source_of", "to_dict"]
@@ -14,10 +15,11 @@ __all__ = ["CLI", "MAX_CONFIG_BYTES", "ConfigError", "load_config", "load_struct
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Resolve ``path`` (and its ``base:`` chain), apply ``key=value`` overrides, build the schema and
-    check every number's range (``glm_common/config_bounds.py``); ``train.precision=auto`` becomes fp32
-    or bf16 by what this machine's device computes natively."""
+    check every number's range (``glm_common/config_bounds.py``) and ``data.mixture``'s entries;
+    ``train.precision=auto`` becomes fp32 or bf16 by what this machine's device computes natively."""
     cfg = load_structured(Config, path, overrides)
     check_bounds(cfg)
+    check_mixture(cfg)
     if cfg.train.precision == "auto":
         from glm_dist.observability.flops import native_bf16
 

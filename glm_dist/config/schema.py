@@ -86,6 +86,22 @@ class DataConfig:
     labelled_pairs: int = _f(0, "translation pair sets: keep the targets of this many training pairs (drawn by "
                                 "message-id hash) and only the sources of the rest, as the 'unlabelled' split "
                                 "Cross-View Training reads (0: every pair labelled)")
+    mixture: list = _f([], "sources mixed into one training stream, each a mapping: name, shards_dir (its token shard "
+                           "set), optionally source (raw input tokenized into shards_dir with the first source's "
+                           "tokenizer when missing) and weight (its share of the tokens) or epochs (passes over it); "
+                           "empty: the one data.source / data.shards_dir (glm data mix prints the table)")
+    mixing: Literal["weights", "proportional", "temperature"] = _f(
+        "weights", "data.mixture's weights: as written (weight or epochs per source) | proportional (T5: each "
+                   "source's share is its size, at most data.mixing_cap) | temperature (T5: that share to the "
+                   "power 1/data.mixing_temperature, renormalised)")
+    mixing_cap: Optional[int] = _f(None, "T5's K: proportional and temperature mixing count a source as at most this "
+                                         "many tokens (null: no limit)")
+    mixing_temperature: float = _f(1.0, "T5's T: temperature mixing's rates are proportional to size^(1/T) (1: "
+                                        "proportional; larger: closer to equal)")
+    max_epochs_warning: float = _f(4.0, "glm data mix and glm train warn for a source the run repeats more often "
+                                        "than this (repeated data starts to hurt: Muennighoff et al. 2023)")
+    normalize_weights: bool = _f(False, "divide data.mixture's weights by their sum (otherwise weights that do not "
+                                        "sum to 1 are refused)")
 
 
 @dataclass

@@ -11,6 +11,10 @@ sample counter) means the same at any world size: exact resume, and elastic resu
 data-parallel size (also with another global batch, each sample of the epoch seen once). With
 ``streams`` (XLNet's memory) row b of every step is the next unit of stream b.
 
+A *mixture* (data/mixture.py) in place of one shard set: its blended index sends global sample g to
+source s's k-th sample, and each source is a loader of its own (its sample index, its reshuffle,
+its reader); each batch carries ``source``, the source of each row.
+
 Noise (masks, spans, permutations) is drawn from ``default_rng([seed, salt, 1, epoch, sample])``:
 new masks every epoch, the same masks after a resume.
 """
@@ -33,6 +37,7 @@ from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
 from glm_dist.config.schema import ObjectiveConfig
 from glm_dist.data.documents import DocumentOrder
 from glm_dist.data.index import DocTable, cache_root, load_doc_table
+from glm_dist.data.mixture import Mixture
 from glm_dist.data.plan import ADDRESS, BuiltPlan, Located, PackedPlan, SampleIndex, StreamIndex, rebuild, unit_arrays
 from glm_dist.data.plan_cache import PlanCache
 from glm_dist.data.reader import RangeReader, ReadStats, empty_store, intervals
@@ -79,18 +84,37 @@ def check_batch_shape(*, seq_len: int, micro_batch_size: int, grad_accum_steps: 
                        f"(at most {MAX_STEP_TOKENS}): lower the batch sizes")
 
 
+class PositionMismatch(GlmError, ValueError):
+    """A saved data position that means another order in this run (one line, exit 2)."""
+
+
 class Loader:
-    def __init__(self, shards_dir: str, *, objective: str = DEFAULT_OBJECTIVE, split: str = "train", seq_len: int,
-                 micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
-                 shuffle: bool = True, shuffle_window: int = 1, options: ObjectiveOptions | None = None,
+    def __init__(self, shards_dir: str | Mixture, *, objective: str = DEFAULT_OBJECTIVE, split: str = "train",
+                 seq_len: int, micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 1, options: ObjectiveOptions | None = None,
                  streams: bool = False, cache_dir: str = "", read_gap_bytes: int = 0, read_retries: int = 3,
                  read_backoff_s: float = 0.5, reads: bool = True):
         """``reads=False``: a rank that needs no batch (a middle pipeline stage) reads nothing; its
-        batches have the right shapes, filled with the pad token."""
+        batches have the right shapes, filled with the pad token. ``shards_dir`` a ``Mixture``: one
+        loader per source (seeded by the source's name), drawn from by the blended index."""
         check_batch_shape(seq_len=seq_len, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
                           dp_rank=dp_rank, dp_size=dp_size)
+        self.mixture = shards_dir if isinstance(shards_dir, Mixture) else None
+        self.parts: list[Loader] = []  # a mixture's sources, in its order
+        if self.mixture is not None:
+            if streams:
+                raise GlmError("data.mixture cannot feed XLNet's streams (model.mem_len > 0) yet: each stream reads "
+                               "one shard set's documents in order; train it on one data.shards_dir")
+            same = dict(objective=objective, split=split, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                        grad_accum_steps=grad_accum_steps, shuffle=shuffle, shuffle_window=shuffle_window,
+                        options=options, cache_dir=cache_dir, read_gap_bytes=read_gap_bytes,
+                        read_retries=read_retries, read_backoff_s=read_backoff_s, reads=reads)
+            self.parts = [Loader(root, seed=self.mixture.seed(seed, s), **same)
+                          for s, root in enumerate(self.mixture.shards_dirs)]
+            shards_dir = self.mixture.shards_dirs[0]  # the shared tokenizer's
         self.root, self.split, self.manifest = shards_dir, split, read_manifest(shards_dir)
-        self.num_shards = len(shard_urls(shards_dir, self.manifest, split))
+        self.num_shards = (sum(p.num_shards for p in self.parts) if self.mixture is not None
+                           else len(shard_urls(shards_dir, self.manifest, split)))
         self.objective, self.seed, self.seq_len = get_objective(objective), seed, seq_len
         self.micro, self.accum = micro_batch_size, grad_accum_steps
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -104,7 +128,7 @@ class Loader:
                                  cache_dir=cache_dir)
         self.steps = 0
         self.samples = 0  # the global sample number of the next step's first sample
-        self.last_samples: list[tuple[int, int, int]] = []  # (sample, epoch, unit) of this rank's rows, last step
+        self.last_samples: list[tuple] = []  # (sample, epoch, unit[, source of a mixture]) of this rank's last rows
         self._skipped_shards: Counter = Counter()
         self._index: SampleIndex | StreamIndex | None = None
         self._reader: RangeReader | None = None
@@ -125,8 +149,11 @@ class Loader:
                 for i in range(self.num_streams)]
 
     def _setup(self) -> SampleIndex | StreamIndex:
-        """The sample index and the reader, made at the first use (no shard is read)."""
-        if self._index is not None:
+        """The sample index and the reader, made at the first use (no shard is read); a mixture's
+        are its sources' (each set up here)."""
+        if self._index is not None or self.mixture is not None:
+            for part in self.parts:
+                part._setup()
             return self._index
         table = load_doc_table(self.root, self.manifest, self.split, cache_dir=self.read_options["cache_dir"])
         for shard in table.problems:
@@ -172,12 +199,17 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch of the next sample."""
+        """The epoch of the next sample (a mixture: the furthest epoch any source's next sample is in)."""
+        if self.mixture is not None:
+            return max(p._setup().epoch_of(k) for p, k in zip(self.parts, self.mixture.blend.counts(self.samples)))
         index = self._setup()
         return index.epoch_of(0, self.steps) if self.streams else index.epoch_of(self.samples)
 
     def next_step_epoch(self) -> int:
-        """The epoch of the next step's last sample (nothing is read)."""
+        """The epoch of the next step's last sample (a mixture: the furthest any source's is in; nothing is read)."""
+        if self.mixture is not None:
+            counts = self.mixture.blend.counts(self.samples + self.global_batch_size)
+            return max(p._setup().epoch_of(k - 1) for p, k in zip(self.parts, counts) if k)
         index = self._setup()
         if self.streams:
             return max(index.epoch_of(b, self.steps) for b in range(self.num_streams))
@@ -188,12 +220,39 @@ class Loader:
         """Shards skipped on every rank alike (their index or size is wrong) and documents this rank
         could not read, by name."""
         self._setup()
+        if self.mixture is not None:
+            return sum((p.skipped for p in self.parts), Counter())
         return self._skipped_shards + self._reader.skipped
 
     @property
     def read_stats(self) -> ReadStats:
         self._setup()
+        if self.mixture is not None:
+            stats = [p.read_stats for p in self.parts]
+            return ReadStats(sum(x.bytes for x in stats), sum(x.requests for x in stats))
         return self._reader.stats
+
+    @property
+    def read_errors(self) -> list[str]:
+        """Why reads failed after their retries, in order (a mixture: source by source)."""
+        self._setup()
+        return [e for p in self.parts for e in p.read_errors] if self.mixture is not None else self._reader.errors
+
+    @property
+    def sources(self) -> list[str]:
+        """The mixture's source names, which the batch's ``source`` ids index (one shard set: none)."""
+        return list(self.mixture.names) if self.mixture is not None else []
+
+    def drawn(self) -> dict[str, dict[str, float]]:
+        """Per mixture source (one shard set: none), from the position alone: the tokens the steps so
+        far drew, the epochs that makes (tokens drawn / tokens available, GPT-3's count) and ``epoch``,
+        the epoch of its sample index its next sample is in."""
+        if self.mixture is None:
+            return {}
+        drawn = self.mixture.drawn(self.samples, self.seq_len)
+        for part, name, k in zip(self.parts, self.mixture.names, self.mixture.blend.counts(self.samples)):
+            drawn[name]["epoch"] = part._setup().epoch_of(k)
+        return drawn
 
     def read_counts(self) -> dict[str, int]:
         """What this rank has read so far and could not read: bytes and requests of its range reads,
@@ -216,44 +275,69 @@ class Loader:
 
     def locate(self, row: int) -> Located:
         """Row ``row`` of the next step: its epoch, its unit and the pieces it packs."""
+        if self.mixture is not None:
+            (s,), (k,) = self.mixture.blend.assign(self.samples + row, 1)
+            return self.parts[s]._setup().locate(int(k))
         index = self._setup()
         return index.locate(row, self.steps) if self.streams else index.locate(self.samples + row)
+
+    def _locate_step(self, rows: list[int]) -> dict[int, tuple[int, int, Located]]:
+        """row -> (source, the sample's number in that source, where it is) for rows of the next step."""
+        if self.mixture is None:
+            return {row: (0, self.samples + row, self.locate(row)) for row in rows}
+        sources, numbers = self.mixture.blend.assign(self.samples, self.global_batch_size)  # the whole step: cheap
+        return {row: (int(sources[row]), int(numbers[row]), self.parts[sources[row]]._setup().locate(int(numbers[row])))
+                for row in rows}
 
     def next_step(self, *, build: bool = True) -> list[dict[str, torch.Tensor]]:
         """This rank's ``grad_accum_steps`` micro batches for the next optimizer step
         (``build=False``: advance past the step without reading, noising or collating -- for workers)."""
         rows = self.my_rows()
-        located = {row: self.locate(row) for micro in rows for row in micro}
-        self.last_samples = [(self.samples + row, loc.epoch, loc.unit_id) for row, loc in located.items()]
+        located = self._locate_step([row for micro in rows for row in micro])
+        self.last_samples = [(self.samples + row, loc.epoch, loc.unit_id, *([s] if self.mixture else []))
+                             for row, (s, _, loc) in located.items()]
         out = self._build(rows, located) if build else []
         self.samples += self.global_batch_size
         self.steps += 1
         return out
 
-    def _build(self, rows: list[list[int]], located: dict[int, Located]) -> list[dict[str, torch.Tensor]]:
-        arrays = {row: unit_arrays(loc.unit) for row, loc in located.items()}
+    def _build(self, rows: list[list[int]], located: dict[int, tuple[int, int, Located]]
+               ) -> list[dict[str, torch.Tensor]]:
+        samples = {}
+        for s, part in enumerate(self.parts or [self]):
+            units = {row: (k, loc) for row, (src, k, loc) in located.items() if src == s}
+            if units:
+                samples.update(part._samples(units))
+        out = []
+        for micro in rows:
+            batch = collate([samples[row] for row in micro], pad_id=self.pad_id, width=self.width)
+            if self.streams:
+                batch["rows"] = torch.tensor(micro)  # global stream ids, for their memory
+            if self.mixture is not None:
+                batch["source"] = torch.tensor([located[row][0] for row in micro], dtype=torch.long)  # (B,)
+            out.append(batch)
+        return out
+
+    def _samples(self, units: dict[int, tuple[int, Located]]) -> dict:
+        """row -> its sample: the pieces of these units of this shard set read in one pass, then noised
+        by (epoch, the sample's number)."""
+        arrays = {row: unit_arrays(loc.unit) for row, (_, loc) in units.items()}
         values = np.concatenate([np.zeros(0, dtype=np.int64)] + [a for arr in arrays.values() for a in arr])
         addresses = values[values >= ADDRESS] - ADDRESS
         store = self._reader.read(*intervals(addresses)) if self.reads else empty_store(self._reader.table.dtype)
         filler = self.pad_id if self.reads else self._plain_id  # unread: a plain token, so noise keeps its shapes
-        out = []
-        for micro in rows:
-            samples = []
-            for row in micro:
-                loc = located[row]
-                unit = rebuild(loc.unit, (store.resolve(v, filler) for v in arrays[row]), self._plan.consts)
-                rng = self._rng(loc.epoch, self.samples + row, 1)
-                samples.append(self.objective.sample(unit, rng, vocab=self.vocab, opts=self.options))
-            batch = collate(samples, pad_id=self.pad_id, width=self.width)
-            if self.streams:
-                batch["rows"] = torch.tensor(micro)  # global stream ids, for their memory
-            out.append(batch)
+        out = {}
+        for row, (number, loc) in units.items():
+            unit = rebuild(loc.unit, (store.resolve(v, filler) for v in arrays[row]), self._plan.consts)
+            rng = self._rng(loc.epoch, number, 1)
+            out[row] = self.objective.sample(unit, rng, vocab=self.vocab, opts=self.options)
         return out
 
     def state_dict(self) -> dict:
-        return {"format": STATE_FORMAT, "samples": self.samples, "steps": self.steps, "epoch": self.epoch,
-                "objective": self.objective.name, "global_batch_size": self.global_batch_size,
-                "streams": self.num_streams, "seed": self.seed, "num_shards": self.num_shards, "window": self.window}
+        state = {"format": STATE_FORMAT, "samples": self.samples, "steps": self.steps, "epoch": self.epoch,
+                 "objective": self.objective.name, "global_batch_size": self.global_batch_size,
+                 "streams": self.num_streams, "seed": self.seed, "num_shards": self.num_shards, "window": self.window}
+        return {**state, "mixture": self.mixture.state()} if self.mixture is not None else state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -272,16 +356,32 @@ class Loader:
             raise ValueError(f"data position was saved for seed {saved[0]} over {saved[1]} shards with a shuffle "
                              f"window of {saved[2]}; this run has seed {self.seed} over {self.num_shards} shards "
                              f"with a window of {self.window} -- resume with the same data, seed and window")
+        mixture = self.mixture.state() if self.mixture is not None else None
+        if state.get("mixture") != mixture:
+            raise PositionMismatch(f"data position was saved for the mixture {state.get('mixture')}, this run has "
+                                   f"{mixture} (weights x 2^32): the blended order would differ; resume with the same "
+                                   f"sources and weights (an epochs source's weight follows train.max_steps and the "
+                                   f"global batch)")
         self.steps, self.samples = state["steps"], state["samples"]
 
 
-def validation_batches(shards_dir: str, *, seq_len: int, micro_batch_size: int, num_batches: int, dp_rank: int = 0,
-                       dp_size: int = 1, objective: str = DEFAULT_OBJECTIVE, options: ObjectiveOptions | None = None
-                       ) -> list[tuple[dict[str, torch.Tensor], float]]:
+def validation_batches(shards_dir: str | Mixture, *, seq_len: int, micro_batch_size: int, num_batches: int,
+                       dp_rank: int = 0, dp_size: int = 1, objective: str = DEFAULT_OBJECTIVE,
+                       options: ObjectiveOptions | None = None) -> list[tuple[dict[str, torch.Tensor], float]]:
     """The fixed validation set (the first ``num_batches`` batches of the held-out split, in stored
     order, fixed noise), split round-robin over ranks; each rank reads only its own batches. Each
     rank gets the same number of (batch, weight) pairs; padding entries have weight 0 so every rank
-    runs the same number of forward passes."""
+    runs the same number of forward passes. A mixture: each source's own set in turn (up to
+    ``num_batches`` each, so a small held-out split limits only its own), every row with its ``source``."""
+    kw = dict(seq_len=seq_len, micro_batch_size=micro_batch_size, num_batches=num_batches, dp_rank=dp_rank,
+              dp_size=dp_size, objective=objective, options=options)
+    if isinstance(shards_dir, Mixture):
+        out = []
+        for s, root in enumerate(shards_dir.shards_dirs):
+            for batch, weight in validation_batches(root, **kw):
+                batch["source"] = torch.full((len(next(iter(batch.values()))),), s, dtype=torch.long)  # (B,)
+                out.append((batch, weight))
+        return out
     kw = dict(objective=objective, split="validation", seq_len=seq_len, micro_batch_size=micro_batch_size,
               shuffle=False, options=options)
     loader, mine, count = Loader(shards_dir, **kw), [], 0
@@ -304,7 +404,7 @@ def check_validation_read(loader: Loader) -> None:
     counts = loader.read_counts()
     if counts["skipped_documents"]:
         raise GlmError(f"validation: {counts['skipped_documents']} held-out document(s) of {loader.root} could not "
-                       f"be read after data.read_retries ({loader._reader.errors[0]}); their loss would score padding: "
+                       f"be read after data.read_retries ({loader.read_errors[0]}); their loss would score padding: "
                        f"make the shards readable and start again")
     if counts["skipped_shards"]:
         log.warning("validation: %d shard(s) of the held-out split skipped, the validation set is that much "

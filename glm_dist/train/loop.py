@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 
 from glm_dist.config.checks import check_launcher_agrees, model_config, seq_len, validate
-from glm_dist.config.loader import ConfigError, to_dict
+from glm_dist.config.loader import ConfigError, source_of, to_dict
 from glm_dist.config.schema import Config
 from glm_dist.config.deepspeed_json import deepspeed_config
 from glm_dist.data.loader import Loader, read_tokenizer, validation_batches
 from glm_dist.data.shared import TensorShared
 from glm_dist.data.workers import WorkerLoader
-from glm_dist.data.prepare import ensure_shards
+from glm_dist.data.mixture import run_mixture
+from glm_dist.data.prepare import ensure_shards, run_shards_dir
 from glm_dist.eval.perplexity import byte_length_table, evaluate
 from glm_dist.models.common import count_parameters
 from glm_dist.families.registry import build_model, family, resolve
@@ -82,10 +83,11 @@ class Trainer:
                                               family=cfg.model.family, model_config=model_config(cfg))
         self.resume_meta = read_meta(self.resume_from) if self.resume_from else None
         self.manifest = ensure_shards(cfg.data, self.dist)
+        self.shards_dir = run_shards_dir(cfg.data)  # data.shards_dir, or a mixture's first source: the tokenizer's
         self.model_cfg = model_config(cfg)
         vocab = self.manifest["tokenizer"]["vocab_size"]
         if vocab > self.model_cfg.vocab_size:
-            raise ConfigError(f"the tokenizer in {cfg.data.shards_dir} has {vocab} tokens but "
+            raise ConfigError(f"the tokenizer in {self.shards_dir} has {vocab} tokens but "
                               f"model.vocab_size is {self.model_cfg.vocab_size}; set model.vocab_size >= {vocab}")
         self.seq_len = seq_len(cfg)
         self.objective = get_objective(cfg.objective.name)
@@ -130,6 +132,11 @@ class Trainer:
             self.guard = NonFiniteGuard(self.engine, self.optimizer, stop=lambda: self.stop.received is not None)
         # Transformer-XL memory: the batch becomes parallel streams, each with its memory (train/streams.py)
         self.memory = StreamMemory() if getattr(self.model_cfg, "mem_len", 0) > 0 else None
+        global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * dp_size
+        self.mixture = run_mixture(cfg.data, samples=cfg.train.max_steps * global_batch, seq_len=self.seq_len,
+                                   own_loader=bool(getattr(self.objective, "loader", None)),
+                                   where=source_of(cfg, "data.mixture"))
+        data = self.mixture or cfg.data.shards_dir  # what the loaders read: the mixture's sources or one shard set
         loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective, self.model_cfg),
                            streams=self.memory is not None,
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
@@ -142,24 +149,24 @@ class Trainer:
         # the tensor ranks of a replica share one read: tensor rank 0's, broadcast (data/shared.py)
         shared = self.topo.tensor > 1 and loader_args["reads"]
         if shared and self.coords["tensor"] > 0:
-            self.loader = Loader(cfg.data.shards_dir, **{**loader_args, "reads": False})
+            self.loader = Loader(data, **{**loader_args, "reads": False})
         elif getattr(self.objective, "loader", None):  # an objective's own batch schedule (CVT: data/alternating.py)
-            self.loader = resolve(self.objective.loader)(cfg.data.shards_dir, num_workers=cfg.data.num_workers,
+            self.loader = resolve(self.objective.loader)(data, num_workers=cfg.data.num_workers,
                                                          **loader_args)
         else:
-            self.loader = (WorkerLoader(cfg.data.shards_dir, num_workers=cfg.data.num_workers, **loader_args)
-                           if cfg.data.num_workers else Loader(cfg.data.shards_dir, **loader_args))
+            self.loader = (WorkerLoader(data, num_workers=cfg.data.num_workers, **loader_args)
+                           if cfg.data.num_workers else Loader(data, **loader_args))
         if shared:
             self.loader = TensorShared(self.loader, self.tensor_group, lead=self.coords["tensor"] == 0)
         self.state = TrainState()
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.val_batches = validation_batches(cfg.data.shards_dir, seq_len=self.seq_len, objective=cfg.objective.name,
+        self.val_batches = validation_batches(data, seq_len=self.seq_len, objective=cfg.objective.name,
                                               options=loader_args["options"],
                                               micro_batch_size=cfg.train.micro_batch_size,
                                               num_batches=cfg.train.eval_batches, dp_rank=dp_rank,
                                               dp_size=dp_size)
-        tok = read_tokenizer(cfg.data.shards_dir, self.manifest)
+        tok = read_tokenizer(self.shards_dir, self.manifest)
         self.byte_lengths = byte_length_table(tok, self.model_cfg.vocab_size)
         self.autocast = (torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
                          if cfg.train.precision == "bf16-autocast" else contextlib.nullcontext())
@@ -392,6 +399,9 @@ class Trainer:
                    "epoch": self.loader.epoch, "skipped_steps": self.state.skipped_steps}
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
+        if self.mixture is not None:  # tokens and epochs drawn per source, exact (from the data position)
+            drawn = self.mixture.drawn(self.loader.state_dict()["samples"], self.seq_len)
+            metrics.update({f"{k}/{name}": row[k] for name, row in drawn.items() for k in ("tokens", "epochs")})
         if self.state.step % self.cfg.logging.log_interval == 0:  # the peaks since the last log line
             metrics.update(device_memory(self.engine.device) or {})
         self._flush_log()
@@ -445,8 +455,8 @@ class Trainer:
         meta = {"config": redact(to_dict(self.cfg)), "zero_stage": self.cfg.parallel.zero_stage,
                 "layout": self.layout, "world_size": self.dist.world_size, "model_family": self.cfg.model.family,
                 "model_config": asdict(self.model_cfg), "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
-                "shards_dir": redact(str(Path(self.cfg.data.shards_dir).resolve()))
-                if "://" not in self.cfg.data.shards_dir else redact(self.cfg.data.shards_dir),
+                "shards_dir": redact(str(Path(self.shards_dir).resolve()))
+                if "://" not in self.shards_dir else redact(self.shards_dir),
                 "resumed_from": str(self.resume_from) if self.resume_from else None}
         extra = RankFiles(self.dist.rank)
         if self.memory is not None and self.coords["tensor"] == 0:
@@ -455,7 +465,7 @@ class Trainer:
         path = self.ckpts.save(self.engine, self.state.step, naming=self.naming, coords=self.coords,
                                sizes={"data": self.topo.data, "tensor": self.topo.tensor}, client_state=client,
                                meta=meta, extra=extra,
-                               tokenizer=f"{self.cfg.data.shards_dir}/{self.manifest['tokenizer']['file']}",
+                               tokenizer=f"{self.shards_dir}/{self.manifest['tokenizer']['file']}",
                                deepspeed_files=t.deepspeed_checkpoint, wait=last)
         self.log.message(f"checkpoint: {path}" + ("" if last else f" ({self.ckpts.last_save['blocking_s']:.2f} s "
                                                                    f"blocking; writing in the background)"))
