@@ -15,6 +15,7 @@ refused with one line instead of attempting an allocation of terabytes.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -40,9 +41,7 @@ BOUNDS: dict[str, str] = {
     "model.n_layer": f"[1, {LAYERS}]", "model.n_head": f"[1, {HEADS}]", "model.d_model": f"[1, {WIDTH}]",
     "model.d_ff": f"[1, {FFN}]", "model.vocab_size": f"[1, {VOCAB}]", "model.context_length": f"[1, {TOKENS}]",
     "model.pad_vocab_to_multiple_of": "[1, 65536]",
-    "model.sparse_window": f"[1, {TOKENS}]", "model.mem_len": f"[0, {TOKENS}]", "model.reuse_len": f"[0, {TOKENS}]",
-    "model.dropout": "[0, 1)", "model.unlabelled_dropout": "[0, 1)", "model.cvt_attention_dropout": "[0, 1)",
-    "model.cvt_beam": "[1, 1024]",
+    "model.dropout": "[0, 1)",
     "data.max_record_mb": f"(0, {MB}]", "data.vocab_size": f"[2, {VOCAB}]", "data.target_vocab_size": f"[2, {VOCAB}]",
     "data.val_per_mille": "[0, 1000]", "data.seq_len": f"[2, {TOKENS}]", "data.shard_max_bytes": f"[1024, {2**36}]",
     "data.encode_workers": "[0, 4096]", "data.num_workers": "[0, 1024]", "data.shuffle_window": f"[1, {2**16}]",
@@ -137,17 +136,37 @@ INTERVALS: dict[str, Interval] = {key: Interval.parse(text) for key, text in BOU
 def check_bounds(cfg: Any) -> None:
     """Raise :class:`ConfigError` for the first value of ``cfg`` (a training config or a crawl
     recipe) outside its row, naming the key, the file or command line that set it and the range.
-    Rows of the other schema are skipped: their first section is not a field of ``cfg``."""
+    Rows of the other schema are skipped: their first section is not a field of ``cfg``. Fields
+    that carry their interval themselves (``metadata["bounds"]``: a model family's options, which
+    the table cannot name) are checked the same way."""
     for key, interval in INTERVALS.items():
         for dotted, value, default in _values(cfg, key):
-            if value is None or interval.holds(value):
-                continue
-            number = "a number " if not isinstance(value, Real) or isinstance(value, bool) else (
-                "a finite number " if not math.isfinite(value) else "")
-            example = f", e.g. {_number(default)}" if interval.holds(default) else ""
-            source = source_of(cfg, dotted)
-            source = source_of(cfg, key) if source == "<default>" else source  # a dict set whole
-            raise ConfigError(f"{dotted}={value!r} must be {number}{interval.describe()}{example} ({source})")
+            _check_value(cfg, key, dotted, value, default, interval)
+    _check_field_bounds(cfg, cfg, "")
+
+
+def _check_value(cfg: Any, key: str, dotted: str, value: Any, default: Any, interval: Interval) -> None:
+    if value is None or interval.holds(value):
+        return
+    number = "a number " if not isinstance(value, Real) or isinstance(value, bool) else (
+        "a finite number " if not math.isfinite(value) else "")
+    example = f", e.g. {_number(default)}" if interval.holds(default) else ""
+    source = source_of(cfg, dotted)
+    source = source_of(cfg, key) if source == "<default>" else source  # a dict set whole
+    raise ConfigError(f"{dotted}={value!r} must be {number}{interval.describe()}{example} ({source})")
+
+
+def _check_field_bounds(cfg: Any, node: Any, prefix: str) -> None:
+    """Every field of ``node`` with ``metadata["bounds"]``; a section's ``__extra__`` keys are named
+    as the section's own (``model.mem_len``)."""
+    extra = getattr(type(node), "__extra__", None)
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _check_field_bounds(cfg, value, prefix if f.name == extra else f"{prefix}{f.name}.")
+        elif "bounds" in f.metadata:
+            dotted = prefix + f.name
+            _check_value(cfg, dotted, dotted, value, f.default, Interval.parse(f.metadata["bounds"]))
 
 
 def _values(cfg: Any, key: str) -> Iterator[tuple[str, Any, Any]]:

@@ -122,7 +122,20 @@ def source_of(cfg: Any, key: str) -> str:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as nested dicts, as a YAML file would give it: a section's ``__extra__`` keys sit
+    beside its own (``model.mem_len``, not ``model.options.mem_len``)."""
+    return _lift_extra(type(cfg), dataclasses.asdict(cfg))
+
+
+def _lift_extra(cls: type, tree: dict) -> dict:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]) and isinstance(tree.get(f.name), dict):
+            _lift_extra(hints[f.name], tree[f.name])
+    extra_field = getattr(cls, "__extra__", None)
+    if extra_field is not None:
+        tree.update(tree.pop(extra_field) or {})
+    return tree
 
 
 def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...], read: dict[str, int]) -> None:
@@ -202,17 +215,19 @@ def _set_dotted(tree: dict, sources: dict, key: str, value: Any, source: str) ->
 
 
 def _build(cls: type, data: dict, sources: dict, prefix: str) -> Any:
+    """``cls`` from ``data``, strictly. A section whose class names an ``__extra__`` field takes keys
+    its own fields do not name: ``cls.extra_schema(values, extra)`` answers, from the section's own
+    values, the dataclass those keys must fit (a model family's options) and the keys to build it from."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            dotted = prefix + key
-            src = _source_under(sources, dotted)
-            raise ConfigError(
-                f"unknown key '{dotted}' in {src}; known keys of "
-                f"'{prefix[:-1] or 'config'}': {', '.join(sorted(fields))}")
+    extra_field = getattr(cls, "__extra__", None)
+    fields = {f.name for f in dataclasses.fields(cls)} - {extra_field}
+    rest = {key: value for key, value in data.items() if key not in fields}
+    if rest and extra_field is None:
+        _refuse_unknown(next(iter(rest)), prefix, sources, fields)
     kwargs = {}
     for name, value in data.items():
+        if name not in fields:
+            continue
         dotted = prefix + name
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
@@ -221,7 +236,22 @@ def _build(cls: type, data: dict, sources: dict, prefix: str) -> Any:
             kwargs[name] = _build(hint, value, sources, dotted + ".")
         else:
             kwargs[name] = _check_type(dotted, value, hint, sources.get(dotted, "?"))
+    if extra_field is not None:
+        schema, rest = cls.extra_schema(kwargs, rest)
+        if schema is not None:
+            known = {f.name for f in dataclasses.fields(schema)}
+            for key in rest:
+                if key not in known:
+                    _refuse_unknown(key, prefix, sources, fields | known)
+            rest = _build(schema, rest, sources, prefix)
+        kwargs[extra_field] = rest
     return cls(**kwargs)
+
+
+def _refuse_unknown(key: str, prefix: str, sources: dict, known: set[str]) -> None:
+    dotted = prefix + key
+    raise ConfigError(f"unknown key '{dotted}' in {_source_under(sources, dotted)}; known keys of "
+                      f"'{prefix[:-1] or 'config'}': {', '.join(sorted(known))}")
 
 
 def _source_under(sources: dict, dotted: str) -> str:

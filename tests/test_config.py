@@ -28,7 +28,7 @@ def test_base_chain_is_merged_with_child_winning(tmp_path):
 def test_command_line_overrides_are_typed_and_win():
     cfg = load_config(TINY, ["train.lr=3e-4", "train.max_steps=7", "logging.tags=[a, b]", "model.sparse_window=16"])
     assert cfg.train.lr == 3e-4 and cfg.train.max_steps == 7
-    assert cfg.logging.tags == ["a", "b"] and cfg.model.sparse_window == 16
+    assert cfg.logging.tags == ["a", "b"] and cfg.model.options.sparse_window == 16
     assert source_of(cfg, "train.lr") == "<command line>"
 
 

@@ -6,32 +6,38 @@ from typing import Any
 
 from glm_common.config_bounds import TOKENS, check_bounds
 from glm_dist.config.loader import ConfigError, source_of
-from glm_dist.config.schema import Config
+from glm_dist.config.schema import Config, ModelConfig
 from glm_dist.families.registry import FAMILIES, family, resolve_model_config
 from glm_dist.objectives.registry import OBJECTIVES
 
 MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "pad_vocab_to_multiple_of", "context_length",
-                   "dropout", "sparse_window", "mem_len", "reuse_len", "bi_data", "tags",
-                   "unlabelled_dropout", "cvt_decoders", "cvt_attention_dropout", "cvt_beam")
+                   "dropout")
+
+
+def model_options(m: ModelConfig) -> dict[str, Any]:
+    """The family's own options the config sets (None: the flavor's value), as config-factory overrides."""
+    options = m.options if m.options is not None else family(m.family).options()
+    return {k: v for k, v in dataclasses.asdict(options).items() if v is not None}
 
 
 def model_config(cfg: Config) -> Any:
-    """The family's model config: the flavor with the ``model.*`` overrides applied (a key the
-    family's config does not have is refused, naming the family)."""
+    """The family's model config: the flavor with the ``model.*`` overrides and the family's options
+    applied (a generic key the family's config does not have is refused, naming the family)."""
     m = cfg.model
-    overrides = {k: getattr(m, k) for k in MODEL_OVERRIDES if getattr(m, k) is not None}
     try:
         spec = family(m.family)
     except KeyError as err:
         raise ConfigError(f"{err.args[0]} (model.family in {source_of(cfg, 'model.family')})") from None
+    overrides = {k: getattr(m, k) for k in MODEL_OVERRIDES if getattr(m, k) is not None}
     fields = {f.name for f in dataclasses.fields(next(iter(spec.flavors.values())).cfg)}
     # a key at its schema default is not a setting (`glm config show` writes every key out)
     defaults = {f.name: f.default for f in dataclasses.fields(type(m))}
     for key in overrides:
         if key not in fields and source_of(cfg, f"model.{key}") != "<default>" and overrides[key] != defaults.get(key):
             raise ConfigError(f"model.{key} does not apply to the {m.family} family ({source_of(cfg, 'model.' + key)})")
+    overrides = {k: v for k, v in overrides.items() if k in fields} | model_options(m)
     try:
-        return resolve_model_config(m.family, m.flavor, **{k: v for k, v in overrides.items() if k in fields})
+        return resolve_model_config(m.family, m.flavor, **overrides)
     except (KeyError, ValueError) as err:
         raise ConfigError(f"{err.args[0]} (model.family / model.flavor in {source_of(cfg, 'model.flavor')})") from None
 
@@ -126,8 +132,6 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     if seq_len(cfg) > mc.context_length:
         raise ConfigError(f"data.seq_len={seq_len(cfg)} exceeds model.context_length={mc.context_length} "
                           f"({where('data.seq_len')})")
-    if getattr(mc, "sparse_window", None) is not None and mc.sparse_window < 1:
-        raise ConfigError(f"model.sparse_window={mc.sparse_window} must be >= 1 ({where('model.sparse_window')})")
     if cfg.objective.name not in OBJECTIVES:
         raise ConfigError(f"objective.name={cfg.objective.name!r} ({where('objective.name')}) is not an objective; "
                           f"known: {', '.join(OBJECTIVES)}")
@@ -138,7 +142,9 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     refusal = OBJECTIVES[cfg.objective.name].refuse_model(mc)
     if refusal:
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}): {refusal}")
-    check_segment_layout(cfg, mc)
+    spec = family(cfg.model.family)
+    if spec.check is not None:  # the family's own cross-field checks (families/<family>/spec.py)
+        spec.check(cfg, mc, seq_len(cfg))
     t = cfg.train
     if t.micro_batch_size * seq_len(cfg) > MAX_BATCH_TOKENS:
         raise ConfigError(f"train.micro_batch_size={t.micro_batch_size} x data.seq_len={seq_len(cfg)} is "
@@ -195,21 +201,6 @@ def check_eval(cfg: Config) -> None:
                           f"parallel.tensor_parallel={p.tensor_parallel}, "
                           f"parallel.zero_stage={p.zero_stage} -- score its checkpoints with glm eval --tasks instead "
                           f"({source_of(cfg, 'eval.tasks')})")
-
-
-def check_segment_layout(cfg: Config, mc: Any) -> None:
-    """XLNet's paper layout: segments of reuse_len continued tokens then A/B, over memory streams."""
-    reuse, mem, bi = getattr(mc, "reuse_len", 0), getattr(mc, "mem_len", 0), getattr(mc, "bi_data", False)
-    if cfg.objective.plm_layout == "paper":
-        n = seq_len(cfg)
-        if not (mem > 0 and 0 < reuse and n - reuse >= 8 and reuse % 2 == 0 and (n - reuse) % 2 == 0):
-            raise ConfigError(f"objective.plm_layout=paper needs model.mem_len > 0 and an even model.reuse_len with "
-                              f"at least 8 (an even number of) tokens after it in data.seq_len; got mem_len={mem}, "
-                              f"reuse_len={reuse}, seq_len={n} ({source_of(cfg, 'objective.plm_layout')})")
-    if bi and (cfg.objective.plm_layout != "paper" or cfg.train.micro_batch_size % 2):
-        raise ConfigError(f"model.bi_data reads odd streams backwards: it needs objective.plm_layout=paper and an even "
-                          f"train.micro_batch_size (forward rows first), got {cfg.objective.plm_layout} and "
-                          f"{cfg.train.micro_batch_size} ({source_of(cfg, 'model.bi_data')})")
 
 
 def check_parallel_layout(cfg: Config, world_size: int) -> None:

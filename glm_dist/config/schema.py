@@ -5,8 +5,12 @@ unknown key or a wrong type is an error naming the key and the file that set it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
+
+from glm_dist.families.registry import FAMILIES
+from glm_dist.objectives.registry import OBJECTIVES, option_keys, options_schema
 
 
 def _f(default, help: str, **kw):
@@ -31,22 +35,22 @@ class ModelConfig:
               "keep the real vocabulary (default 1: none)")
     context_length: Optional[int] = _f(None, "override the flavor's context length")
     dropout: float = _f(0.0, "dropout on embeddings, attention output and MLP output")
-    sparse_window: Optional[int] = _f(
-        None, "GPT-3 sparse option: odd layers attend to a local causal band of this many tokens")
-    mem_len: Optional[int] = _f(None, "XLNet / Transformer-XL: hidden states kept per layer for the next segment "
-                                      "(0: none; the flavor's by default)")
-    reuse_len: Optional[int] = _f(None, "XLNet: only a segment's first reuse_len positions enter the memory (0: all)")
-    bi_data: Optional[bool] = _f(None, "XLNet: half the batch reads the text backwards (relative distances negated)")
-    tags: Optional[list] = _f(None, "CVT: tags per task, one prediction module each (the tagging shard set's tasks, "
-                                    "in order)")
-    unlabelled_dropout: Optional[float] = _f(None, "CVT: dropout of the auxiliary modules' encoder pass on unlabelled "
-                                                   "minibatches (model.dropout is the labelled one's)")
-    cvt_decoders: Optional[bool] = _f(None, "CoVe: two auxiliary decoders for Cross-View Training (objective.name="
-                                   "cvt_translation): attention dropout and future-word prediction")
-    cvt_attention_dropout: Optional[float] = _f(None, "CoVe + CVT: fraction of the attention-dropout view's "
-                                                      "attention weights zeroed (0.5)")
-    cvt_beam: Optional[int] = _f(None, "CoVe + CVT: beam of the primary decoder's translations of unlabelled "
-                                       "sources, the auxiliary decoders' targets (4; 1: greedy)")
+    # the family's own keys (XLNet's mem_len, CVT's tags, ...): written under model: beside the ones above,
+    # validated against the options dataclass of the family's package (families/<family>/spec.py)
+    options: Any = _f(None, "the model family's own keys, set under model: (families/<family>/spec.py)")
+
+    __extra__: ClassVar[str] = "options"
+
+    @classmethod
+    def extra_schema(cls, values: dict, extra: dict) -> tuple[type | None, dict]:
+        """The family's options dataclass for the keys this schema does not name. A key that is some
+        family's option left at null is no setting (``glm config show`` of an older version wrote
+        every family's keys) and is dropped; an unknown family is left to the checks to name."""
+        name = values.get("family", cls.family)
+        if name not in FAMILIES:
+            return None, extra
+        every = {f.name for spec in FAMILIES.values() for f in dataclasses.fields(spec.options)}
+        return FAMILIES[name].options, {k: v for k, v in extra.items() if v is not None or k not in every}
 
 
 @dataclass

@@ -13,6 +13,23 @@ from typing import Any, Callable
 from torch import nn
 
 
+def option(help: str, *, bounds: str | None = None) -> Any:
+    """A field of a family's options: unset (None: the flavor's value) unless the config sets it under
+    ``model:``; ``help`` is shown by ``glm config keys``, ``bounds`` is its interval
+    (glm_common/config_bounds.py's notation)."""
+    metadata = {"help": help} | ({"bounds": bounds} if bounds else {})
+    return field(default=None, metadata=metadata)
+
+
+@dataclass
+class NoOptions:
+    """The options of a family that has none of its own."""
+
+
+def _never(model_cfg: Any) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     build: str  # "module:function" -> PipelineModule of (model, stages=, topology=, partition=, ...)
@@ -55,6 +72,13 @@ class FamilySpec:
     # output projections of the blocks' attention / FFN sublayers (Houlsby adapters)
     adapter_sites: tuple[str, ...] = ()
     features: str | None = None  # "module:function" (model, tokenizer, texts, batch_size=) -> arrays (glm features)
+    # the family's own config keys, a dataclass of option() fields: set under model: beside the generic ones,
+    # validated when the config loads, handed to the config factory as overrides
+    options: type = NoOptions
+    # (cfg, model config, seq_len) -> None or ConfigError: the family's cross-field config checks
+    check: Callable[[Any, Any, int], None] | None = None
+    # model config -> whether training carries memory across steps (Transformer-XL's streams, train/streams.py)
+    streams: Callable[[Any], bool] = _never
 
     @property
     def local_init(self) -> bool:

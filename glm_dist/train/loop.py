@@ -131,7 +131,7 @@ class Trainer:
 
             self.guard = NonFiniteGuard(self.engine, self.optimizer, stop=lambda: self.stop.received is not None)
         # Transformer-XL memory: the batch becomes parallel streams, each with its memory (train/streams.py)
-        self.memory = StreamMemory() if getattr(self.model_cfg, "mem_len", 0) > 0 else None
+        self.memory = StreamMemory() if family(cfg.model.family).streams(self.model_cfg) else None
         global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * dp_size
         self.mixture = run_mixture(cfg.data, samples=cfg.train.max_steps * global_batch, seq_len=self.seq_len,
                                    own_loader=bool(getattr(self.objective, "loader", None)),

@@ -1,1 +1,2 @@
-"""The bert family: its registry row (spec.py), model (model.py) and, where it exports, transformers adapter (hf.py)."""
+"""The bert family: its registry row (spec.py), model (model.py) and, where it exports, its
+transformers adapter (hf.py)."""

@@ -1,1 +1,2 @@
-"""The cove family: its registry row (spec.py), model (model.py) and, where it exports, transformers adapter (hf.py)."""
+"""The cove family: its registry row (spec.py), model (model.py) and, where it exports, its
+transformers adapter (hf.py)."""

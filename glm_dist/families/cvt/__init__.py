@@ -1,1 +1,2 @@
-"""The cvt family: its registry row (spec.py), model (model.py) and, where it exports, transformers adapter (hf.py)."""
+"""The cvt family: its registry row (spec.py), model (model.py) and, where it exports, its
+transformers adapter (hf.py)."""
