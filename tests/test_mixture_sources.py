@@ -2,20 +2,26 @@
 Debian packages, and the published mixture recipes."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
 import re
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from data_pipeline.errors import PipelineError
 from data_pipeline.manpages import MAX_PAGE_BYTES, manpage_documents
-from data_pipeline.sources import named_source
+from data_pipeline.sources import check_source, named_source
 from data_pipeline.tokenize.prepare import prepare_shards
 from data_pipeline.wordnet_corpus import MAX_DOC_CHARS, wordnet_documents
+from glm_dist.config.loader import ConfigError, load_config
+from glm_dist.data.mix_report import mix_table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # a roff request or escape left in the text (man(7) macros and the requests pages use)
 ROFF_REQUEST = re.compile(r"^[.'](TH|SH|SS|B|I|BR|IR|RB|RI|BI|IB|PP|LP|P|TP|IP|RS|RE|EX|EE|nf|fi|in|sp|br|UR|UE"
@@ -82,6 +88,9 @@ def test_named_sources_refuse_what_they_do_not_take():
     assert named_source("./manpages") is None and named_source("data/x.jsonl") is None
     with pytest.raises(PipelineError, match="embedded takes no argument"):
         named_source("embedded:/x")
+    check_source("manpages:/usr/share/man", "data.source")  # a name, not the URL scheme 'manpages:'
+    with pytest.raises(ValueError, match="scheme 'ssh:' is not allowed"):
+        check_source("ssh://host/x", "data.source")
     with pytest.raises(PipelineError, match="not a folder of manual pages"):
         list(manpage_documents("/nonexistent/man"))
 
@@ -91,3 +100,36 @@ def test_manpages_source_tokenizes_into_a_shard_set_with_its_skips(tmp_path, man
     assert manifest["source"]["documents"] == len(man_docs[0])
     assert manifest["source"]["skipped"] == dict(man_docs[1])
     assert json.loads((tmp_path / "man" / "source" / "skipped.json").read_text()) == dict(man_docs[1])
+
+
+# GPT-3's mixture (Brown et al. 2020, table 2.2): weight in the training mix, as printed (they sum to 101%)
+GPT3_TABLE = {"common-crawl": 0.60, "webtext2": 0.22, "books1": 0.08, "books2": 0.08, "wikipedia": 0.03}
+
+
+def test_every_gpt3_recipe_mixes_the_papers_five_sources_at_their_rates():
+    recipes = sorted((ROOT / "configs/experiments/published").glob("gpt3-*.yaml"))
+    assert len(recipes) == 8
+    for path in recipes:
+        data = load_config(path).data
+        assert {s["name"]: s["weight"] for s in data.mixture} == GPT3_TABLE, path
+        assert all(s["shards_dir"] == f"data/gpt3/{s['name']}" for s in data.mixture)
+        assert data.normalize_weights and data.vocab_size == 50257 and data.seq_len == 2048
+    with pytest.raises(ConfigError, match="weights sum to 1.01, not 1"):
+        load_config(recipes[0], ["data.normalize_weights=false"])
+    tiny = load_config(ROOT / "configs/experiments/mixture-tiny-cpu.yaml").data
+    assert [(s["name"], s["source"], s["weight"]) for s in tiny.mixture] == [
+        ("embedded", "embedded", 0.5), ("wordnet", "wordnet", 0.2), ("manpages", "manpages", 0.3)]
+
+
+def test_gpt3_recipe_mix_table_on_tiny_stand_ins(shards):
+    """glm data mix's rows for the 175B recipe with each placeholder replaced by a tiny shard set."""
+    cfg = load_config(ROOT / "configs/experiments/published/gpt3-175b.yaml")
+    stand_in = shards("gpt2")
+    mixture = [{**s, "shards_dir": stand_in} for s in cfg.data.mixture]
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mixture=mixture, vocab_size=3000))
+    rows = mix_table(cfg)
+    total = sum(GPT3_TABLE.values())
+    assert [r["source"] for r in rows] == list(GPT3_TABLE)
+    for row in rows:
+        assert row["weight"] == pytest.approx(GPT3_TABLE[row["source"]] / total)
+        assert row["drawn"] / (95367 * 1536 * 2048) == pytest.approx(row["weight"], abs=1e-6)
