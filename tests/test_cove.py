@@ -23,7 +23,7 @@ from glm_dist.config.checks import validate
 from glm_dist.config.loader import ConfigError, load_config
 from glm_dist.data.loader import Loader
 from glm_dist.data.shards import read_manifest, read_shard
-from glm_dist.eval.generate import GenerationConfig, generate
+from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.families.cove.model import CoVe, cove_config, load_inputs
 from tests.conftest import ROOT, train_losses
 from tests.test_glove import glm as run_glm  # one thread per process

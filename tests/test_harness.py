@@ -78,7 +78,7 @@ def test_choices_of_one_context_score_from_its_cache_as_they_do_without_it(live)
 
 
 def test_generate_until_with_beams_returns_the_best_beam_cut_at_the_stop_sequence(live):
-    from glm_dist.eval.generate import GenerationConfig, generate
+    from glm_dist.models.generate import GenerationConfig, generate
 
     prompt = live.tok_encode("Return the")
     cfg = GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=4, length_penalty=0.6, eos_id=0,
@@ -337,7 +337,7 @@ def test_an_encoder_decoder_scores_equal_to_lm_eval_hf_seq2seq_on_its_export(cor
     from lm_eval.tasks import TaskManager
 
     from data_pipeline.tokenize.profiles import special_ids, train_tokenizer
-    from glm_dist.eval.generate import GenerationConfig, generate
+    from glm_dist.models.generate import GenerationConfig, generate
     from glm_dist.families.t5.hf import export_hf
     from glm_dist.families.t5.model import T5, t5_config
 
@@ -404,7 +404,7 @@ def test_glm_eval_splits_the_requests_over_data_parallel_ranks_and_writes_lm_eva
 def test_glm_generate_streams_the_greedy_continuation(gpt2_run):
     import io
 
-    from glm_dist.eval.generate import GenerationConfig, generate
+    from glm_dist.models.generate import GenerationConfig, generate
     from glm_dist.eval.stream import generate_to, load_decoder
 
     proc = run_glm(["generate", "--checkpoint", gpt2_run[0], "--prompt", "Return the", "--max-new-tokens", "12"])

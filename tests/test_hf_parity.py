@@ -69,7 +69,7 @@ def _varied_gpt():
 
 @pytest.mark.parametrize("strategy,beams", [("greedy", 1), ("beam", 4)])
 def test_cached_generation_matches_transformers_generate(strategy, beams):
-    from glm_dist.eval.generate import GenerationConfig, generate
+    from glm_dist.models.generate import GenerationConfig, generate
 
     ours, hf = _varied_gpt()
     x = torch.randint(4, 40, (3, 6))
@@ -93,7 +93,7 @@ def test_cache_gives_the_logits_of_a_full_forward_pass():
 
 
 def test_sampling_respects_top_k_top_p_and_the_seed():
-    from glm_dist.eval.generate import GenerationConfig, filter_logits, generate
+    from glm_dist.models.generate import GenerationConfig, filter_logits, generate
 
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
     kept = torch.isfinite(filter_logits(logits, GenerationConfig(top_k=3)))

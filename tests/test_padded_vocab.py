@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glm_dist.eval.generate import GenerationConfig, generate
+from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.families.gpt.hf import export_hf, import_hf
 from glm_dist.models.common import count_parameters
 from glm_dist.families.gpt.model import GPT, gpt_config

@@ -114,7 +114,7 @@ def _losses(out_dir):
 def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_transformers(family, corpus, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from glm_dist.eval.generate import GenerationConfig, generate
+    from glm_dist.models.generate import GenerationConfig, generate
     from glm_dist.eval.run import load_checkpoint_model
 
     common = ["train", "-c", str(ROOT / f"configs/experiments/{family}-tiny-cpu.yaml"), *QUICK,

@@ -13,7 +13,7 @@ weights. Decoder-only:
   ``rolling_stride`` new tokens (default: the whole window, lm-eval's disjoint windows) after the
   tokens before them;
 - ``generate_until``: greedy, sampled (``do_sample``, ``temperature``, ``top_k``, ``top_p``) or beam
-  search (``num_beams`` > 1, ``length_penalty``; ``eval/generate.py``) decoding with the model's
+  search (``num_beams`` > 1, ``length_penalty``; ``models/generate.py``) decoding with the model's
   key/value cache, stopped at any of the stop sequences, EOS or ``max_gen_toks`` (in beam search a
   stop sequence ends a hypothesis, as lm-eval's hf stopping criteria do in transformers' search).
 
@@ -44,7 +44,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from tokenizers import Tokenizer
 
 from glm_dist.errors import GlmError
-from glm_dist.eval.generate import GenerationConfig, generate
+from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.eval.stream import TextStream, load_decoder, stream_tokens
 from glm_dist.parallel import comm
 

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.errors import GlmError
-from glm_dist.eval.generate import Decoder, GenerationConfig, filter_logits, generate
+from glm_dist.models.generate import Decoder, GenerationConfig, filter_logits, generate
 
 
 @dataclass

@@ -150,7 +150,7 @@ class CharCNN(nn.Module):
 class AttentionLSTMDecoder(nn.Module):
     """An LSTM stack (one ``nn.LSTMCell`` per layer, in ``blocks``) that attends over ``memory`` H
     (B, S, d_memory) at every step; see the module docstring. ``cache`` (one dict per block, batch
-    first, as glm_dist/eval/generate.py keeps it) carries the states and h~ from call to call: empty
+    first, as glm_dist/models/generate.py keeps it) carries the states and h~ from call to call: empty
     dicts start from zeros, and a call with T tokens continues where the last one stopped."""
 
     def __init__(self, d_in: int, d_hidden: int, d_memory: int, *, num_layers: int = 2, dropout: float = 0.0):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from data_pipeline.tokenize.pairs import TARGET
 from data_pipeline.tokenize.profiles import PROFILES
+from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.objectives.base import IGNORE_INDEX, seq2seq_loss
 from glm_dist.objectives.translation import Translation
 
@@ -80,8 +81,6 @@ class CrossViewTranslation(Translation):
         return self._consistency(model, batch), {}
 
     def _consistency(self, model, batch) -> torch.Tensor:
-        from glm_dist.eval.generate import GenerationConfig, generate
-
         net = getattr(model, "module", model)  # the DeepSpeed engine's model: its encode / decode
         cfg, (bos, eos) = net.cfg, word_specials()
         source, mask = batch["input_ids"], batch.get("attention_mask")

@@ -13,6 +13,7 @@ import numpy as np
 
 from data_pipeline.tokenize.pairs import PAIR_TOKEN, TARGET
 from glm_dist.objectives.base import Objective, WrongDocuments, seq2seq_loss
+from glm_dist.objectives.bleu import held_out_bleu
 
 
 class PairUnits:
@@ -56,8 +57,6 @@ class Translation(Objective):
         return seq2seq_loss(model, batch, metrics=metrics)
 
     def checkpoint_metrics(self, model, *, shards_dir, num_sequences, seq_len, device):
-        from glm_dist.eval.translate import held_out_bleu
-
         return held_out_bleu(model, shards_dir, num_pairs=num_sequences, max_len=seq_len, device=device)
 
 

@@ -205,7 +205,7 @@ def _encode_texts(tok: Tokenizer, texts: list[str], max_len: int, pad_id: int) -
 def finetune_seq2seq(args: FinetuneArgs) -> dict:
     """Text-to-text fine-tuning of T5 / BART: teacher-forced cross-entropy on the target tokens;
     held-out exact match of greedy generations after every epoch."""
-    from glm_dist.eval.generate import GenerationConfig, generate
+    from glm_dist.models.generate import GenerationConfig, generate
 
     model, meta = load_checkpoint_model(args.checkpoint)
     start_role = family(meta["model_family"]).decoder_start

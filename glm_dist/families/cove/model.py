@@ -12,7 +12,7 @@ context vectors for downstream tasks: CoVe(w) = MT-LSTM(GloVe(w)).
   output softmax(W_out h~_t + b_out). Its width is the encoder's 2 x d_model (OpenNMT-py's
   bidirectional layout, which the authors trained with); it starts from zero states.
 
-``encode`` / ``decode(tokens, memory, mask, cache=)`` are the interface glm_dist/eval/generate.py
+``encode`` / ``decode(tokens, memory, mask, cache=)`` are the interface glm_dist/models/generate.py
 drives (greedy and beam search): ``decoder.blocks`` sizes its cache.
 
 Cross-View Training for translation (Clark et al. 2018, section 3.3; ``cvt_decoders: true``, the

@@ -1,7 +1,8 @@
-"""Translation with an encoder-decoder over a pair set's two vocabularies, and held-out BLEU.
+"""Held-out BLEU of the translation objectives (``checkpoint_metrics``): translation with an
+encoder-decoder over a pair set's two vocabularies.
 
 Sentences are tokenized with the pair set's source tokenizer (cut to ``max_len`` tokens), decoded
-by glm_dist/eval/generate.py (greedy or beam search, from ``<bos>`` to ``<eos>``) and spelled with
+by glm_dist/models/generate.py (greedy or beam search, from ``<bos>`` to ``<eos>``) and spelled with
 the target vocabulary, words joined by spaces. BLEU is sacrebleu's corpus BLEU against the raw
 references with its 13a tokenizer, lower-cased (the word vocabularies are lower case).
 """
@@ -16,7 +17,7 @@ import torch
 
 from data_pipeline.tokenize.word import vocabulary
 from glm_dist.errors import GlmError
-from glm_dist.eval.generate import GenerationConfig, generate
+from glm_dist.models.generate import GenerationConfig, generate
 
 MAX_FILE_BYTES = 256 * 2**20
 
