@@ -54,8 +54,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("glm_dist.train.schedule", "glm_dist.transfer.tricks"): "slanted triangular schedule lives in transfer/",
 }
 ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"glm_dist.parallel.pipeline", "glm_dist.parallel.tensor", "glm_dist.parallel.sequence"}):
-        "tensor.py's vocabulary plans name GPT and BERT pipeline classes",
     frozenset({"glm_dist.train.finetune", "glm_dist.transfer.token_tasks"}): "token heads run train/'s loop",
 }
 

@@ -49,7 +49,9 @@ class FamilySpec:
     # tensor parallelism: module class -> ShardPlan (models/common.py) of how parallel/tensor.py splits it
     # (attention heads, FFN width); empty: the family does not tensor-split
     tensor_plans: dict = field(default_factory=dict)
-    vocab_parallel: bool = False  # under tensor parallelism, its token embedding and tied output split by vocabulary
+    # under tensor parallelism, module class -> VocabPlan (models/common.py) of its token embedding and tied
+    # output, split by vocabulary; empty: they stay whole
+    vocab_plans: dict = field(default_factory=dict)
     # its layers() list (embedding, blocks, head) cut along the sequence between the ends
     sequence_parallel: bool = False
     next_token_logits: bool = False  # a decoder-only LM: forward(ids (B, T)) -> logits (B, T, V) (rolling
@@ -84,6 +86,11 @@ class FamilySpec:
     def local_init(self) -> bool:
         """Whether train.init=local can draw its weights."""
         return self.init_std is not None
+
+    @property
+    def vocab_parallel(self) -> bool:
+        """Whether its vocabulary splits under tensor parallelism."""
+        return bool(self.vocab_plans)
 
     @property
     def tensor_parallel(self) -> bool:

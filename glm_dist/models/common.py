@@ -200,6 +200,17 @@ class ShardPlan:
 
 
 @dataclass(frozen=True)
+class VocabPlan:
+    """How a module class splits by vocabulary under tensor parallelism (parallel/tensor.py): attribute
+    paths of its token embedding, the output projections tied to it (their bias sliced with it), and
+    vocabulary-sized biases of their own (a pipeline's decoder bias)."""
+
+    embedding: str | None = None
+    outputs: tuple[str, ...] = ()
+    biases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Flavor:
     """A named size: its config, the published parameter count as docs/reference.md#model-sizes lists it (0 for
     test flavors), the relative tolerance of the count check, and why the tolerance is what it is."""

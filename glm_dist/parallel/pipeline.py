@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from glm_dist.families.bert.model import Encoder, EncoderBlock, EncoderEmbedding, pipeline_refusal
-from glm_dist.models.common import normal_init_std
+from glm_dist.models.common import VocabPlan, normal_init_std
 from glm_dist.families.gpt.model import GPT, GPTBlock, GPTEmbedding, local_init_std
 from glm_dist.objectives.base import IGNORE_INDEX, token_report
 from glm_dist.parallel import comm
@@ -32,6 +32,8 @@ TIED = "embed"
 
 class TiedOutput(nn.Module):
     """The last stage's copy of the token embedding, used as the output projection."""
+
+    VOCAB_PLAN = VocabPlan(embedding="wte")  # split by vocabulary like the first stage's embedding
 
     def __init__(self, vocab_size: int, d_model: int):
         super().__init__()
@@ -241,12 +243,18 @@ class MLMTransform(nn.Module):
 class TiedWord(nn.Module):
     """The last stage's copy of the word embedding, used as the MLM decoder's weight."""
 
+    VOCAB_PLAN = VocabPlan(embedding="word")
+
     def __init__(self, cfg):
         super().__init__()
         self.word = nn.Embedding(cfg.vocab_size, cfg.emb)
 
 
 class DecoderBias(nn.Module):
+    """The MLM decoder's vocabulary-sized bias, a layer of its own on the last stage."""
+
+    VOCAB_PLAN = VocabPlan(biases=("bias",))
+
     def __init__(self, vocab_size: int):
         super().__init__()
         self.bias = nn.Parameter(torch.zeros(vocab_size))

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from glm_dist.parallel import comm
-from glm_dist.parallel.rng import ForkedDropout, TensorRankRNG
 
 DIM = 1  # the sequence dim of (B, T, C)
 
@@ -102,31 +100,3 @@ class GatherToReplicated(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _own(grad, ctx.group), None
-
-
-def apply_sequence_parallel(model: nn.Module, group, rng: TensorRankRNG) -> None:
-    """Cut ``model`` (a tensor-sharded ``layers()`` list: embedding, blocks, head) along the sequence
-    between its embedding and its head, in place: the blocks' parallel linears switch to all-gather /
-    reduce-scatter, their dropouts to this rank's stream, and their replicated parameters get their
-    gradients summed over ``group``. Module and parameter names do not change."""
-    from glm_dist.parallel.tensor import ColumnParallelLinear, RowParallelLinear, _set
-
-    embed, *blocks, head = model.layers()
-    embed.register_forward_hook(lambda module, args, out: ScatterToSequence.apply(out, group))
-    head.register_forward_pre_hook(lambda module, args: (GatherToReplicated.apply(args[0], group), *args[1:]))
-    seen: set[int] = set()
-    for block in blocks:
-        if id(block) in seen:  # ALBERT: one block object, many positions in the list
-            continue
-        seen.add(id(block))
-        for name, module in list(block.named_modules()):
-            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-                module.sequence_parallel = True
-            elif isinstance(module, nn.Dropout) and not isinstance(module, ForkedDropout):
-                _set(block, name, ForkedDropout(module.p, rng))
-        for p in block.parameters():
-            if not hasattr(p, "tensor_parallel") and id(p) not in seen:
-                seen.add(id(p))
-                p.sequence_parallel = True
-                p.register_hook(lambda grad: comm.all_reduce_(grad.clone(), group=group))
-

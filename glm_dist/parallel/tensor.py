@@ -31,7 +31,6 @@ stream (``parallel/rng.py``); ``parallel/sequence.py`` adds sequence parallelism
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -40,10 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from glm_dist.checkpoint.shards import split_bounds
-from glm_dist.models.common import ShardPlan
+from glm_dist.models.common import ShardPlan, VocabPlan
 from glm_dist.ops.cross_entropy import VocabSplit
 from glm_dist.parallel import comm
-from glm_dist.parallel.rng import TensorRankRNG
+from glm_dist.parallel.rng import ForkedDropout, TensorRankRNG
+from glm_dist.parallel.sequence import (GatherToReplicated, ReduceScatterToSequence, ScatterToSequence,
+                                        SequenceColumnLinear)
 from glm_dist.parallel.topology import Topology
 
 
@@ -89,8 +90,6 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x: this rank's positions, gathered inside (and again in backward)
-            from glm_dist.parallel.sequence import SequenceColumnLinear
-
             return SequenceColumnLinear.apply(x, self.weight, self.bias, self.group)
         return F.linear(_CopyToTensorRegion.apply(x, self.group), self.weight, self.bias)
 
@@ -109,8 +108,6 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from glm_dist.parallel.sequence import ReduceScatterToSequence
-
         leave = ReduceScatterToSequence if self.sequence_parallel else _ReduceFromTensorRegion
         y = leave.apply(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
@@ -180,29 +177,17 @@ def _plans() -> dict[type, ShardPlan]:
     return {cls: plan for spec in FAMILIES.values() for cls, plan in spec.tensor_plans.items()}
 
 
-@dataclass(frozen=True)
-class VocabPlan:
-    """Attribute paths of one module class: its token embedding, the output projections tied to it
-    (their bias sliced with it), and vocabulary-sized biases of their own (a pipeline's decoder bias)."""
-
-    embedding: str | None = None
-    outputs: tuple[str, ...] = ()
-    biases: tuple[str, ...] = ()
-
-
 def _vocab_plans() -> dict[type, VocabPlan]:
-    from glm_dist.families.bert import model as bert
-    from glm_dist.families.gpt import model as gpt
-    from glm_dist.parallel import pipeline
+    """Every family's module class -> how its vocabulary splits (the registry's ``vocab_plans``); the
+    pipeline's stage modules carry their own as ``VOCAB_PLAN``."""
+    from glm_dist.families.registry import FAMILIES
 
-    return {gpt.GPTEmbedding: VocabPlan(embedding="wte"), gpt.GPTHead: VocabPlan(outputs=("lm_head",)),
-            bert.EncoderEmbedding: VocabPlan(embedding="word"), bert.MLMHead: VocabPlan(outputs=("decoder",)),
-            pipeline.TiedOutput: VocabPlan(embedding="wte"), pipeline.TiedWord: VocabPlan(embedding="word"),
-            pipeline.DecoderBias: VocabPlan(biases=("bias",))}
+    return {cls: plan for spec in FAMILIES.values() for cls, plan in spec.vocab_plans.items()}
 
 
 def _plan_of(module: nn.Module, plans: dict):
-    return next((plans[c] for c in type(module).__mro__ if c in plans), None)
+    """The plan of ``module``'s class (or a base's) in ``plans``, else the one its class carries."""
+    return next((plans[c] for c in type(module).__mro__ if c in plans), getattr(module, "VOCAB_PLAN", None))
 
 
 def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | None:
@@ -354,8 +339,6 @@ def shard_model(model: nn.Module, rank: int, size: int, group, *, vocab: bool = 
     if vocab:
         shard_vocab(model, rank, size, group)
     if sequence:
-        from glm_dist.parallel.sequence import apply_sequence_parallel
-
         apply_sequence_parallel(model, group, rng)
     return len(done)
 
@@ -436,3 +419,29 @@ class ParallelGroups:
 
     def get_tensor_model_parallel_src_rank(self):
         return self._groups["tensor"][1][0]
+
+
+def apply_sequence_parallel(model: nn.Module, group, rng: TensorRankRNG) -> None:
+    """Cut ``model`` (a tensor-sharded ``layers()`` list: embedding, blocks, head) along the sequence
+    between its embedding and its head, in place: the blocks' parallel linears switch to all-gather /
+    reduce-scatter, their dropouts to this rank's stream, and their replicated parameters get their
+    gradients summed over ``group``. Module and parameter names do not change."""
+    embed, *blocks, head = model.layers()
+    embed.register_forward_hook(lambda module, args, out: ScatterToSequence.apply(out, group))
+    head.register_forward_pre_hook(lambda module, args: (GatherToReplicated.apply(args[0], group), *args[1:]))
+    seen: set[int] = set()
+    for block in blocks:
+        if id(block) in seen:  # ALBERT: one block object, many positions in the list
+            continue
+        seen.add(id(block))
+        for name, module in list(block.named_modules()):
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+                module.sequence_parallel = True
+            elif isinstance(module, nn.Dropout) and not isinstance(module, ForkedDropout):
+                _set(block, name, ForkedDropout(module.p, rng))
+        for p in block.parameters():
+            if not hasattr(p, "tensor_parallel") and id(p) not in seen:
+                seen.add(id(p))
+                p.sequence_parallel = True
+                p.register_hook(lambda grad: comm.all_reduce_(grad.clone(), group=group))
+

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import Flavor, ShardPlan, flavor_config
+from glm_dist.models.common import Flavor, ShardPlan, VocabPlan, flavor_config
 
 
 @dataclass(frozen=True)
@@ -321,3 +321,6 @@ class ElectraPair(nn.Module):
     def num_flops_per_token(self, seq_len: int) -> float:
         return self.generator.num_flops_per_token(seq_len) + self.discriminator.num_flops_per_token(seq_len)
 
+
+# tensor parallelism by vocabulary: the word embedding's rows and the tied MLM decoder's columns
+VOCAB_PLANS = {EncoderEmbedding: VocabPlan(embedding="word"), MLMHead: VocabPlan(outputs=("decoder",))}

@@ -15,7 +15,8 @@ ENCODER_PIPELINE = PipelineSpec("glm_dist.parallel.pipeline:encoder_pipeline",
 
 def _encoder(name: str, objectives: tuple[str, ...], *, pipeline: PipelineSpec | None = None, **kw) -> FamilySpec:
     return FamilySpec(flavors_named(bert.FLAVORS, name + "-"), bert.encoder_config, bert.Encoder, objectives,
-                      pipeline=pipeline, tensor_plans=bert.TENSOR_PLANS, vocab_parallel=True, sequence_parallel=True,
+                      pipeline=pipeline, tensor_plans=bert.TENSOR_PLANS, vocab_plans=bert.VOCAB_PLANS,
+                      sequence_parallel=True,
                       init_std=common.normal_init_std,
                       hf="glm_dist.families.bert.hf", finetune=ENCODER_FINETUNE,
                       adapter_sites=ENCODER_ADAPTERS, **kw)

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from glm_dist.models.common import (Flavor, MLP, CausalSelfAttention, OutputLinear, count_parameters, init_gpt_weights,
+from glm_dist.models.common import (Flavor, MLP, CausalSelfAttention, OutputLinear, VocabPlan, count_parameters,
+                                    init_gpt_weights,
                                     flavor_config, pad_vocab_rows, padded_size)
 from glm_dist.ops.cross_entropy import real_logits, vocab_padding
 
@@ -194,3 +195,7 @@ class GPT(nn.Module):
         6 N for the weights (the real vocabulary's) + 12 L d T for attention scores."""
         n = count_parameters(self) - self.embed.wpe.weight.numel()
         return 6 * n + 12 * self.cfg.n_layer * self.cfg.d_model * seq_len
+
+
+# tensor parallelism by vocabulary: the token embedding's rows and the tied output's columns
+VOCAB_PLANS = {GPTEmbedding: VocabPlan(embedding="wte"), GPTHead: VocabPlan(outputs=("lm_head",))}

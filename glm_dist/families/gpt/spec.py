@@ -23,7 +23,7 @@ GPT_FINETUNE = dict(finetune=("classify", "entailment", "similarity", "multiple_
 FAMILIES = {
     "gpt": FamilySpec(gpt.FLAVORS, gpt.gpt_config, gpt.GPT, ("clm",), next_token_logits=True,
                       init_std=gpt.local_init_std,
-                      tensor_plans=common.GPT_TENSOR_PLANS, vocab_parallel=True,
+                      tensor_plans=common.GPT_TENSOR_PLANS, vocab_plans=gpt.VOCAB_PLANS,
                       sequence_parallel=True,
                       pipeline=PipelineSpec("glm_dist.parallel.pipeline:gpt_pipeline",
                                             "glm_dist.parallel.pipeline:gpt_source_name", ("clm",),
