@@ -85,13 +85,14 @@ LOCATION_KEYS = ("data.source", "data.shards_dir", "data.tokenizer", "train.out_
 
 def check_locations(cfg: Config) -> None:
     from data_pipeline.remote import check_scheme
+    from data_pipeline.sources import check_source
 
     for key in LOCATION_KEYS:
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         try:
             if value is not None:
-                check_scheme(value, key)
+                (check_source if key == "data.source" else check_scheme)(value, key)  # manpages:/path is a name
         except ValueError as err:
             raise ConfigError(f"{err} ({source_of(cfg, key)})") from None
     if "://" in cfg.train.out_dir or "::" in cfg.train.out_dir:

@@ -17,6 +17,7 @@ from numbers import Real
 from typing import Any, Optional
 
 from data_pipeline.remote import check_scheme
+from data_pipeline.sources import check_source
 from glm_common.config_yaml import ConfigError, source_of
 
 SUM_TOLERANCE = 1e-6  # weights written to a few decimals (0.6, 0.22, 0.08, 0.08, 0.02) add up within this
@@ -64,7 +65,8 @@ def _source(i: int, item: Any, mixing: str, where: str) -> MixtureSource:
     for location in ("shards_dir", "source"):
         try:
             if item.get(location) is not None:
-                check_scheme(item[location], f"{key}.{location}")
+                check = check_source if location == "source" else check_scheme  # manpages:/path is a name
+                check(item[location], f"{key}.{location}")
         except ValueError as err:
             raise ConfigError(f"{err} ({where})") from None
     shares = [k for k in ("weight", "epochs") if item.get(k) is not None]
