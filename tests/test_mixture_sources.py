@@ -93,6 +93,10 @@ def test_named_sources_refuse_what_they_do_not_take():
         check_source("ssh://host/x", "data.source")
     with pytest.raises(PipelineError, match="not a folder of manual pages"):
         list(manpage_documents("/nonexistent/man"))
+    mixture = [{"name": "wn", "shards_dir": "data/wn", "source": "wordnet:/usr/share/wordnet", "weight": 1.0}]
+    cfg = load_config(ROOT / "configs/experiments/mixture-tiny-cpu.yaml",
+                      ["data.source=manpages:/usr/share/man", f"data.mixture={json.dumps(mixture)}"])
+    assert cfg.data.source == "manpages:/usr/share/man" and cfg.data.mixture[0]["source"].startswith("wordnet:")
 
 
 def test_manpages_source_tokenizes_into_a_shard_set_with_its_skips(tmp_path, man_docs):
