@@ -15,7 +15,7 @@ import torch
 from data_pipeline.tokenize.prepare import prepare_shards
 from glm_dist.data.loader import Loader
 from glm_dist.data.workers import WorkerLoader
-from glm_dist.objectives.mlm import MaskingConfig, mask_tokens
+from glm_dist.objectives.mlm import MaskingOptions, mask_tokens
 
 PROFILE_FOR = {"clm": "gpt2", "mlm": "roberta", "mlm_nsp": "bert", "sop": "albert", "span_corruption": "t5",
                "denoising": "roberta", "electra": "bert", "plm": "xlnet"}
@@ -71,7 +71,7 @@ def masking_vs_transformers(shards_dir: str, *, seq_len: int, batch: int, rounds
     for s in seqs:  # the collator pads, builds special-token masks and masks the batch
         collator([{"input_ids": row} for row in s.tolist()])
     t_hf = time.perf_counter() - start
-    rng, cfg = np.random.default_rng(0), MaskingConfig()
+    rng, cfg = np.random.default_rng(0), MaskingOptions()
     start = time.perf_counter()
     for s in seqs:  # ours: per sequence, exact 15%, plus stacking into tensors
         rows = [mask_tokens(row, rng, cfg=cfg, mask_id=4, vocab_size=8192, special_ids=specials) for row in s.numpy()]

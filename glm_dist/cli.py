@@ -213,6 +213,10 @@ def _print_keys() -> None:
         sec_cls = hints[section.name]
         sec_hints = typing.get_type_hints(sec_cls)
         for f in dataclasses.fields(sec_cls):
+            if f.name == getattr(sec_cls, "__extra__", None) and hasattr(sec_cls, "extra_keys"):
+                for key, typ, default, help in sec_cls.extra_keys():  # the objectives' own keys
+                    print(f"{section.name}.{key}: {typ} = {default!r}\n    {help}")
+                continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             typ = getattr(sec_hints[f.name], "__name__", str(sec_hints[f.name]).replace("typing.", ""))
             print(f"{section.name}.{f.name}: {typ} = {default!r}\n    {f.metadata.get('help', '')}")

@@ -17,8 +17,8 @@ from data_pipeline import wordnet
 from glm_dist.data.alternating import AlternatingLoader, TagsMismatch
 from glm_dist.data.loader import validation_batches
 from glm_dist.families.cvt.model import CVT, VIEWS, cvt_config
-from glm_dist.objectives.cvt import CVT as OBJECTIVE, spans, span_counts
-from glm_dist.objectives.registry import ObjectiveOptions, collate
+from glm_dist.objectives.cvt import CVT as OBJECTIVE, TaggingOptions, spans, span_counts
+from glm_dist.objectives.registry import collate
 from tests.conftest import ROOT, train_losses
 from tests.test_glove import glm as run_glm  # one thread per process
 
@@ -94,13 +94,13 @@ def test_tagging_shards_keep_case_and_number_the_tags_over_tasks(tagging):
         ("pydoc_xref", 17, 0, 120), ("wordnet_pos", 9, 17, 120)]
     words = manifest["tokenizer"]["special_ids"]["words"]
     assert "JSONDecodeError" in words or "TypeError" in words  # case kept
-    loader = AlternatingLoader(tagging, seq_len=72, micro_batch_size=8, options=ObjectiveOptions(
+    loader = AlternatingLoader(tagging, seq_len=72, micro_batch_size=8, options=TaggingOptions(
         tag_counts=(17, 9)), objective="cvt")
     batch = loader.labelled[1].next_step()[0]
     assert (batch["task"] == 1).all() and ((batch["labels"] == -100) | (batch["labels"] >= 17)).all()
     assert (batch["labels"][:, 0] == -100).all() and (batch["input_ids"][:, 0] == 2).all()  # <bos>, not scored
     with pytest.raises(TagsMismatch, match=r"set model.tags=\[17, 9\]"):
-        AlternatingLoader(tagging, seq_len=72, micro_batch_size=8, options=ObjectiveOptions(tag_counts=(17,)),
+        AlternatingLoader(tagging, seq_len=72, micro_batch_size=8, options=TaggingOptions(tag_counts=(17,)),
                           objective="cvt")
 
 
@@ -143,7 +143,7 @@ def test_padding_never_changes_a_result(mode):
 
 def test_auxiliary_loss_reaches_the_encoder_and_never_a_primary_module(tagging):
     loader = AlternatingLoader(tagging, seq_len=24, micro_batch_size=4, objective="cvt",  # short: the LSTMP loop
-                               options=ObjectiveOptions(tag_counts=(17, 9)))
+                               options=TaggingOptions(tag_counts=(17, 9)))
     model = CVT(cvt_config("cvt-tiny", vocab_size=4000, tags=(17, 9))).train()
     unlabelled = loader.unlabelled.next_step()[0]
     assert "labels" not in unlabelled
@@ -187,7 +187,7 @@ def test_span_f1_is_seqeval_s(xref):
 
 
 def test_alternating_loader_alternates_and_resumes_exactly(tagging):
-    kw = dict(seq_len=72, micro_batch_size=4, objective="cvt", seed=3, options=ObjectiveOptions(tag_counts=(17, 9)))
+    kw = dict(seq_len=72, micro_batch_size=4, objective="cvt", seed=3, options=TaggingOptions(tag_counts=(17, 9)))
     loader = AlternatingLoader(tagging, **kw)
     kinds = []
     for _ in range(12):
@@ -201,7 +201,7 @@ def test_alternating_loader_alternates_and_resumes_exactly(tagging):
     for a, b in zip(ahead, [resumed.next_step()[0] for _ in range(5)]):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     supervised = AlternatingLoader(tagging, **{**kw,
-                                               "options": ObjectiveOptions(tag_counts=(17, 9), cvt_unlabelled=False)})
+                                               "options": TaggingOptions(tag_counts=(17, 9), cvt_unlabelled=False)})
     assert supervised.unlabelled is None and all("labels" in supervised.next_step()[0] for _ in range(4))
     with pytest.raises(ValueError, match="unlabelled steps"):
         supervised.load_state_dict(state)

@@ -25,7 +25,7 @@ from bench.loader_scaling import step_doc_bytes
 from glm_dist.data.loader import Loader
 from glm_dist.data.plan import BuiltPlan, SampleIndex, from_runs, unit_pieces
 from glm_dist.data.shards import ShardSetError, read_manifest, read_shard
-from glm_dist.objectives.registry import ObjectiveOptions
+from glm_dist.objectives.plm import SegmentOptions
 from tests.conftest import ROOT, clean_env, run_glm
 
 
@@ -218,7 +218,7 @@ def test_xlnet_streams_continue_their_rows_and_get_new_regions_each_epoch(shards
 # -- the plan cache ---------------------------------------------------------------------------------------
 PLANNED = [("mlm_nsp", "bert", {}), ("sop", "bert", {}), ("denoising", "roberta", {}),
            ("plm", "xlnet", {"streams": True, "seq_len": 128,
-                             "options": ObjectiveOptions(plm_layout="paper", reuse_len=64)}),
+                             "options": SegmentOptions(plm_layout="paper", reuse_len=64)}),
            ("bilm", "word", {})]
 
 

@@ -10,8 +10,8 @@ import torch
 
 from glm_dist.data.loader import Loader
 from glm_dist.objectives import denoising, electra, mlm, span_corruption
-from glm_dist.objectives.mlm import IGNORE_INDEX, MaskingConfig
-from glm_dist.objectives.registry import ObjectiveOptions, get_objective
+from glm_dist.objectives.mlm import IGNORE_INDEX, MaskingOptions
+from glm_dist.objectives.registry import get_objective
 
 def batches(shards_dir, objective, *, n_steps, seq_len=128, micro=32, options=None, seed=3):
     ld = Loader(shards_dir, objective=objective, seq_len=seq_len, micro_batch_size=micro, seed=seed, options=options)
@@ -81,9 +81,10 @@ def test_masks_change_every_epoch_and_replay_on_resume(shards):
     for a, b in zip(after, [resumed.next_step()[0] for _ in range(3)]):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
     unit = np.arange(10, 138)
-    opts = ObjectiveOptions()
-    epoch0 = get_objective("clm").sample(unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab, opts=opts)
+    epoch0 = get_objective("clm").sample(unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab,
+                                         opts=get_objective("clm").options())
     assert epoch0["input_ids"].shape == (127,)
+    opts = get_objective("mlm").options()
     m0 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab,
                                      opts=opts)
     m1 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab,
@@ -93,7 +94,7 @@ def test_masks_change_every_epoch_and_replay_on_resume(shards):
 
 
 def test_whole_word_masking_masks_all_pieces_of_a_word_together(shards):
-    opts = ObjectiveOptions(masking=MaskingConfig(whole_word=True))
+    opts = MaskingOptions(whole_word=True)
     ld, bs = batches(shards("bert"), "mlm", n_steps=20, options=opts)
     starts = ld.vocab.word_starts
     broken = total = 0
@@ -127,7 +128,7 @@ def test_albert_ngram_lengths_follow_one_over_n():
 
 def test_ngram_spans_never_cross_or_select_special_tokens():
     rng = np.random.default_rng(0)
-    cfg = MaskingConfig(max_ngram=3)
+    cfg = MaskingOptions(max_ngram=3)
     specials = np.array([0, 1, 2, 3, 4])
     for _ in range(2000):
         tokens = rng.integers(5, 100, size=64)
@@ -206,7 +207,7 @@ def test_t5_span_corruption_lengths_spans_and_sentinels(shards):
 
 # -- BART ---------------------------------------------------------------------------------------------
 def test_bart_infilling_masks_30_percent_in_poisson_3_spans():
-    rng, cfg = np.random.default_rng(0), denoising.DenoisingConfig(permute_sentences=False)
+    rng, cfg = np.random.default_rng(0), denoising.DenoisingOptions(permute_sentences=False)
     all_lengths, masked_frac = [], []
     tokens = np.arange(10, 1010)
     for _ in range(400):

@@ -114,23 +114,26 @@ class ObjectiveConfig:
                           "sop (ALBERT) | span_corruption (T5) | denoising (BART) | electra | plm (XLNet) | "
                           "glove (co-occurrence counts) | bilm (ELMo) | translation (CoVe) | awd_lm (AWD-LSTM) | "
                           "cvt (CVT tagging) | cvt_translation (CVT on CoVe)")
-    mask_rate: float = _f(0.15, "MLM / ELECTRA: fraction of tokens selected for prediction")
-    mask_frac: float = _f(0.8, "MLM: of the selected, fraction replaced by the mask token")
-    random_frac: float = _f(0.1, "MLM: of the selected, fraction replaced by a random token")
-    whole_word: bool = _f(False, "MLM: mask all pieces of a word together")
-    max_ngram: int = _f(1, "MLM: mask spans of up to n words, p(n) ~ 1/n (ALBERT: 3; sop implies 3)")
-    noise_density: float = _f(0.15, "T5: fraction of tokens in noise spans")
-    mean_span: float = _f(3.0, "T5: mean noise span length")
-    mask_ratio: float = _f(0.3, "BART: fraction of tokens masked by text infilling")
-    poisson_lambda: float = _f(3.0, "BART: mean span length of text infilling")
-    permute_sentences: bool = _f(True, "BART: permute all sentences")
-    random_ratio: float = _f(0.0, "BART: fraction of mask tokens replaced by random tokens")
-    cvt_unlabelled: bool = _f(True, "CVT: alternate labelled and unlabelled minibatches (false: labelled only, the "
-                                    "supervised baseline)")
-    plm_layout: Literal["collator", "paper"] = _f(
-        "collator", "XLNet: 'collator' = one permuted block per row (transformers' collator); 'paper' = the "
-                    "paper's segments (model.reuse_len continued tokens, then A <sep> B <sep> <cls>, parts "
-                    "permuted separately; needs model.mem_len and model.reuse_len)")
+    # the objective's own keys (mask_rate, noise_density, ...): written under objective: beside name,
+    # validated against the options dataclass of the objective's file (objectives/<name>.py)
+    options: Any = _f(None, "the objective's own keys, set under objective: (objectives/<name>.py)")
+
+    __extra__: ClassVar[str] = "options"
+
+    def __post_init__(self) -> None:
+        if self.options is None and self.name in OBJECTIVES:  # built in code: the objective's defaults
+            self.options = OBJECTIVES[self.name].Options()
+
+    @classmethod
+    def extra_schema(cls, values: dict, extra: dict) -> tuple[type | None, dict]:
+        """The objective's options dataclass for the keys this schema does not name."""
+        return options_schema(values.get("name", cls.name), extra)
+
+    @classmethod
+    def extra_keys(cls) -> list[tuple[str, str, Any, str]]:
+        """(key, type, default, help) of every objective's own key, for ``glm config keys``."""
+        return [(key, str(f.type), f.default, f"{', '.join(users)}: {f.metadata.get('help', '')}")
+                for key, (f, users) in option_keys().items()]
 
 
 @dataclass

@@ -45,7 +45,7 @@ from glm_dist.data.shards import ShardSetError, open_shard_file, read_manifest, 
 from glm_dist.errors import GlmError
 from glm_dist.objectives.base import Vocab
 from glm_dist.objectives.clm import TokenPacker
-from glm_dist.objectives.registry import ObjectiveOptions, collate, get_objective
+from glm_dist.objectives.registry import collate, get_objective
 
 DEFAULT_OBJECTIVE = ObjectiveConfig().name  # the config's default
 STATE_FORMAT = "glm-dist/sample-index/v1"
@@ -91,7 +91,7 @@ class PositionMismatch(GlmError, ValueError):
 class Loader:
     def __init__(self, shards_dir: str | Mixture, *, objective: str = DEFAULT_OBJECTIVE, split: str = "train",
                  seq_len: int, micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 1, options: ObjectiveOptions | None = None,
+                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 1, options=None,
                  streams: bool = False, cache_dir: str = "", read_gap_bytes: int = 0, read_retries: int = 3,
                  read_backoff_s: float = 0.5, reads: bool = True):
         """``reads=False``: a rank that needs no batch (a middle pipeline stage) reads nothing; its
@@ -119,8 +119,9 @@ class Loader:
         self.micro, self.accum = micro_batch_size, grad_accum_steps
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.shuffle, self.window, self.streams, self.reads = shuffle, shuffle_window, streams, reads
-        self.options = options or ObjectiveOptions()
-        self.vocab = vocab_from_manifest(shards_dir, self.manifest, whole_word=self.options.masking.whole_word)
+        self.options = options if options is not None else self.objective.options()  # objectives/base.py
+        self.vocab = vocab_from_manifest(shards_dir, self.manifest,
+                                         whole_word=self.objective.needs_word_starts(self.options))
         self.pad_id = self.vocab.ids.get("pad") if self.vocab.ids.get("pad") is not None else self.vocab.ids["eot"]
         self.width = seq_len if self.objective.padded else None
         self._plain_id = min(set(range(len(self.vocab.specials) + 1)) - set(self.vocab.specials.tolist()))
@@ -268,7 +269,7 @@ class Loader:
         for m in range(self.accum):
             start = (m * self.dp_size + self.dp_rank) * self.micro
             rows = list(range(start, start + self.micro))
-            if self.streams and self.options.bi_data:  # forward streams (even) first, then backward (odd)
+            if self.streams and self.objective.backward_streams(self.options):  # forward streams (even) first
                 rows.sort(key=lambda row: row % 2)
             out.append(rows)
         return out
@@ -340,34 +341,47 @@ class Loader:
         return {**state, "mixture": self.mixture.state()} if self.mixture is not None else state
 
     def load_state_dict(self, state: dict) -> None:
+        """Take a saved data position; one that means another order in this run is a ``PositionMismatch``."""
+        self._check_position(state)
+        self.steps, self.samples = state["steps"], state["samples"]
+
+    def _check_position(self, state: dict) -> None:
+        """The saved order is this run's: same format, objective, streams, seed, shards, window and mixture."""
         if state.get("format") != STATE_FORMAT:
-            raise ValueError("the data position was saved by the loader before sample indices (format "
-                             f"{state.get('format', 'v0')!r}); it cannot be resumed exactly: start the run afresh or "
-                             f"resume it with the glm-dist version that saved it")
+            raise PositionMismatch(f"the data position was saved by the loader before sample indices (format "
+                                   f"{state.get('format', 'v0')!r}); it cannot be resumed exactly: start the run "
+                                   f"afresh or resume it with the glm-dist version that saved it")
         if state["objective"] != self.objective.name:
-            raise ValueError(f"data position was saved for objective {state['objective']!r}, this run uses "
-                             f"{self.objective.name!r}")
+            raise PositionMismatch(f"data position was saved for objective {state['objective']!r}, this run uses "
+                                   f"{self.objective.name!r}: resume with the same objective.name")
         if state["streams"] != self.num_streams:
-            raise ValueError(f"data position was saved for {state['streams']} streams, this run has "
-                             f"{self.num_streams} (the global batch size of a streamed objective): resume with "
-                             f"the same global batch")
+            raise PositionMismatch(f"data position was saved for {state['streams']} streams, this run has "
+                                   f"{self.num_streams} (the global batch size of a streamed objective): resume "
+                                   f"with the same global batch")
         saved = (state["seed"], state["num_shards"], state["window"])
         if saved != (self.seed, self.num_shards, self.window):
-            raise ValueError(f"data position was saved for seed {saved[0]} over {saved[1]} shards with a shuffle "
-                             f"window of {saved[2]}; this run has seed {self.seed} over {self.num_shards} shards "
-                             f"with a window of {self.window} -- resume with the same data, seed and window")
+            raise PositionMismatch(f"data position was saved for seed {saved[0]} over {saved[1]} shards with a "
+                                   f"shuffle window of {saved[2]}; this run has seed {self.seed} over "
+                                   f"{self.num_shards} shards with a window of {self.window} -- resume with the same "
+                                   f"data, seed and window")
         mixture = self.mixture.state() if self.mixture is not None else None
         if state.get("mixture") != mixture:
-            raise PositionMismatch(f"data position was saved for the mixture {state.get('mixture')}, this run has "
-                                   f"{mixture} (weights x 2^32): the blended order would differ; resume with the same "
+            raise PositionMismatch(f"data position was saved for {_order_of(state.get('mixture'))}, this run has "
+                                   f"{_order_of(mixture)}: the blended order would differ; resume with the same "
                                    f"sources and weights (an epochs source's weight follows train.max_steps and the "
                                    f"global batch)")
-        self.steps, self.samples = state["steps"], state["samples"]
+
+
+def _order_of(mixture: dict | None) -> str:
+    """A saved mixture state in words (its weights x 2^32)."""
+    if mixture is None:
+        return "one shard set (no data.mixture)"
+    return "the mixture " + ", ".join(f"{n}={w}" for n, w in zip(mixture["names"], mixture["weights"]))
 
 
 def validation_batches(shards_dir: str | Mixture, *, seq_len: int, micro_batch_size: int, num_batches: int,
                        dp_rank: int = 0, dp_size: int = 1, objective: str = DEFAULT_OBJECTIVE,
-                       options: ObjectiveOptions | None = None) -> list[tuple[dict[str, torch.Tensor], float]]:
+                       options=None) -> list[tuple[dict[str, torch.Tensor], float]]:
     """The fixed validation set (the first ``num_batches`` batches of the held-out split, in stored
     order, fixed noise), split round-robin over ranks; each rank reads only its own batches. Each
     rank gets the same number of (batch, weight) pairs; padding entries have weight 0 so every rank

@@ -5,21 +5,37 @@ every rank over the global order), a unit into a sample (``sample``: noised with
 (seed, ``salt``, epoch, sample number), only for the rank's own samples), a batch into a loss
 (``loss``: the model's forward and the loss, with metric sums when evaluating), sums into
 evaluation metrics (``report``), and a batch into what a pipeline's first stage takes and its
-last stage scores (``stage_inputs`` / ``stage_loss``). ``opts`` is the registry's
-``ObjectiveOptions`` (the config's ``objective`` section); ``stream`` numbers a builder when the
+last stage scores (``stage_inputs`` / ``stage_loss``). ``stream`` numbers a builder when the
 loader deals the batch as parallel streams (one builder each).
+
+An objective owns its options: ``Options`` is a dataclass in its own file whose fields are the keys
+a config sets under ``objective:`` beside ``name`` (each with its help and its interval), and
+``options(...)`` is what its builder and samples read as ``opts`` -- those keys, plus what its data
+takes from the model config (XLNet's segment memory, CVT's tags), which the caller passes.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterable, Iterator, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from glm_dist.errors import GlmError
 from glm_dist.ops.cross_entropy import IGNORE_INDEX, cross_entropy, predicted
+
+
+def option(default: Any, help: str, *, bounds: str | None = None) -> Any:
+    """A field of an objective's options: a key set under ``objective:``. ``help`` is shown by
+    ``glm config keys``; ``bounds`` is its interval (glm_common/config_bounds.py's notation),
+    checked when the config loads."""
+    return field(default=default, metadata={"help": help} | ({"bounds": bounds} if bounds else {}))
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of an objective that has none of its own."""
 
 
 @dataclass
@@ -67,6 +83,21 @@ class Objective:
     # what ``glm data tokenize`` writes for it: token shards, or a translation pair set, or co-occurrence counts
     pairs: ClassVar[bool] = False
     counts: ClassVar[bool] = False
+    Options: ClassVar[type] = NoOptions  # its keys under ``objective:`` (a frozen dataclass of ``option`` fields)
+
+    def options(self, own=None, model_cfg=None):
+        """What the builder and ``sample`` read as ``opts``: the config's options of this objective
+        (``own``, an ``Options``; None: the defaults), with what its data takes from ``model_cfg``
+        (the built model config of a family it trains; None: nothing)."""
+        return own if own is not None else self.Options()
+
+    def needs_word_starts(self, opts) -> bool:
+        """Whether ``Vocab.word_starts`` must be loaded (whole-word masking)."""
+        return False
+
+    def backward_streams(self, opts) -> bool:
+        """Whether odd streams read their documents backwards (the loader puts forward rows first)."""
+        return False
 
     def builder(self, *, seq_len: int, vocab: Vocab, opts, stream: int = 0) -> Builder:
         raise NotImplementedError

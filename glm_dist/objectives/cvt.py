@@ -22,19 +22,36 @@ argmax tags (conlleval's chunk rules, as ``seqeval``'s default mode): ``f1`` is 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from data_pipeline.tokenize.word import char_table
-from glm_dist.objectives.base import IGNORE_INDEX, Objective, WrongDocuments
+from glm_dist.objectives.base import IGNORE_INDEX, Objective, WrongDocuments, option
 
 LABEL_SMOOTHING = 0.1  # cvt_text's label_smoothing, on the gold tags and on the teacher's targets
 MAX_TASKS = 4  # tasks whose spans evaluation counts
 FIELDS = ("token", "tag", "task")
 NOT_TAGGED = ("data.shards_dir does not hold a tagging shard set (sentences of (token, tag, task) records): build "
               "one with glm data tagging -c CONFIG")
+
+
+@dataclass(frozen=True)
+class CrossViewOptions:
+    """The key of ``cvt`` and ``cvt_translation`` under ``objective:``."""
+
+    cvt_unlabelled: bool = option(True, "alternate labelled and unlabelled minibatches (false: labelled only, the "
+                                        "supervised baseline)")
+
+
+@dataclass(frozen=True)
+class TaggingOptions(CrossViewOptions):
+    """What the loader reads: the options, and the CVT model config's tags per task (checked
+    against the tagging shard set's tasks)."""
+
+    tag_counts: tuple = ()  # model.tags
 
 
 _TABLES: dict[int, tuple[list, np.ndarray]] = {}  # id of a vocabulary's word list -> (the list, its characters)
@@ -111,6 +128,12 @@ def soft_targets(logits: torch.Tensor) -> torch.Tensor:
 
 class CrossViewTraining(Objective):
     loader = "glm_dist.data.alternating:AlternatingLoader"  # labelled and unlabelled minibatches in turn
+    Options = CrossViewOptions
+
+    def options(self, own=None, model_cfg=None) -> TaggingOptions:
+        """The options, with the CVT model config's tags per task."""
+        tags = {} if model_cfg is None else {"tag_counts": tuple(model_cfg.tags)}
+        return TaggingOptions(**asdict(own or CrossViewOptions()), **tags)
 
     def builder(self, *, seq_len, vocab, opts, stream=0):
         return Sentences(seq_len - 2)

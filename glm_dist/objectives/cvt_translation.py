@@ -29,6 +29,7 @@ from data_pipeline.tokenize.pairs import TARGET
 from data_pipeline.tokenize.profiles import PROFILES
 from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.objectives.base import IGNORE_INDEX, seq2seq_loss
+from glm_dist.objectives.cvt import CrossViewOptions
 from glm_dist.objectives.translation import Translation
 
 VIEWS = {"attention_dropout": 0, "future": 1}  # view -> how many tokens past the primary's it scores
@@ -60,9 +61,11 @@ def view_loss(logits: torch.Tensor, labels: torch.Tensor, ahead: int) -> torch.T
 
 class CrossViewTranslation(Translation):
     loader = "glm_dist.data.alternating:AlternatingLoader"  # labelled pairs and unlabelled sources in turn
+    Options = CrossViewOptions
 
     def refuse_model(self, model_cfg):
-        if not getattr(model_cfg, "cvt_decoders", False):
+        """``model_cfg`` is a CoVe config (the only family this objective trains, checked first)."""
+        if not model_cfg.cvt_decoders:
             return "the model has no auxiliary decoders: set model.cvt_decoders=true"
         if model_cfg.cvt_beam < 1 or not 0 <= model_cfg.cvt_attention_dropout < 1:
             return (f"model.cvt_beam={model_cfg.cvt_beam} must be >= 1 and model.cvt_attention_dropout="

@@ -11,16 +11,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from glm_dist.objectives.base import Objective, seq2seq_loss
+from glm_common.config_bounds import TOKENS
+from glm_dist.objectives.base import Objective, option, seq2seq_loss
 from glm_dist.objectives.packing import SentencePacker
 
 
 @dataclass(frozen=True)
-class DenoisingConfig:
-    mask_ratio: float = 0.3
-    poisson_lambda: float = 3.0
-    permute_sentences: bool = True
-    random_ratio: float = 0.0  # fraction of mask tokens replaced by a random token (author command: 0.1)
+class DenoisingOptions:
+    """The keys of ``denoising`` under ``objective:`` (the BART paper's values by default)."""
+
+    mask_ratio: float = option(0.3, "fraction of tokens masked by text infilling", bounds="[0, 1]")
+    poisson_lambda: float = option(3.0, "mean span length of text infilling", bounds=f"(0, {TOKENS}]")
+    permute_sentences: bool = option(True, "permute all sentences")
+    random_ratio: float = option(0.0, "fraction of mask tokens replaced by random tokens (the authors' command: "
+                                      "0.1)", bounds="[0, 1]")
 
 
 def permute_sentences(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -43,7 +47,7 @@ def span_lengths(num_to_mask: int, rng: np.random.Generator, lam: float) -> np.n
     return np.asarray(lengths, dtype=np.int64)
 
 
-def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: DenoisingConfig,
+def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: DenoisingOptions,
            vocab_size: int, special_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Text infilling. Returns (noised tokens, span lengths drawn) -- the lengths for statistics."""
     n = len(tokens)
@@ -73,7 +77,7 @@ def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: D
 
 
 def noise(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator, *, mask_id: int, bos_id: int,
-          eos_id: int, cfg: DenoisingConfig, vocab_size: int, special_ids: np.ndarray) -> dict[str, np.ndarray]:
+          eos_id: int, cfg: DenoisingOptions, vocab_size: int, special_ids: np.ndarray) -> dict[str, np.ndarray]:
     """One example: encoder input ``<s> noised </s>``, labels ``<s> original </s>``."""
     source = permute_sentences(tokens, starts, rng) if cfg.permute_sentences else tokens
     noised, _ = infill(source, rng, mask_id=mask_id, cfg=cfg, vocab_size=vocab_size, special_ids=special_ids)
@@ -85,13 +89,15 @@ def noise(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator, *, m
 class Denoising(Objective):
     """BART: sentence permutation + text infilling; the decoder reconstructs the original."""
 
+    Options = DenoisingOptions
+
     def builder(self, *, seq_len, vocab, opts, stream=0):
         return SentencePacker(seq_len - 2, doc_sep=None)
 
     def sample(self, unit, rng, *, vocab, opts):
         tokens, starts = unit
         return noise(tokens, starts, rng, mask_id=vocab.id("mask"), bos_id=vocab.id("bos"), eos_id=vocab.id("eos"),
-                     cfg=opts.denoising, vocab_size=vocab.size, special_ids=vocab.specials)
+                     cfg=opts, vocab_size=vocab.size, special_ids=vocab.specials)
 
     def loss(self, model, batch, *, metrics):
         return seq2seq_loss(model, batch, metrics=metrics)

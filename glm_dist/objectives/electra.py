@@ -7,16 +7,25 @@ position, whether the token differs from the original. Loss = generator MLM + 50
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import torch.nn.functional as F
 
-from dataclasses import replace
+from glm_dist.objectives.base import IGNORE_INDEX, encoder_inputs, option, selected_nll, token_sums
+from glm_dist.objectives.mlm import MaskedLM, MaskingOptions
 
-from glm_dist.objectives.base import IGNORE_INDEX, encoder_inputs, selected_nll, token_sums
-from glm_dist.objectives.mlm import MaskedLM, MaskingConfig
-
-GENERATOR_MASKING = MaskingConfig(rate=0.15, mask_frac=0.85, random_frac=0.0)
+GENERATOR_MASKING = MaskingOptions(mask_rate=0.15, mask_frac=0.85, random_frac=0.0)
 DISCRIMINATOR_WEIGHT = 50.0
+
+
+@dataclass(frozen=True)
+class GeneratorOptions:
+    """The keys of ``electra`` under ``objective:``: the generator's selection; how the selected
+    tokens are replaced is ELECTRA's (85% mask, 15% kept)."""
+
+    mask_rate: float = option(0.15, "fraction of the maskable tokens selected for prediction", bounds="(0, 1]")
+    whole_word: bool = option(False, "mask all pieces of a word together")
 
 
 def discriminator_inputs(input_ids: torch.Tensor, labels: torch.Tensor,
@@ -49,8 +58,10 @@ class ReplacedTokenDetection(MaskedLM):
     """ELECTRA: the generator's MLM input from FULL-SENTENCES units; the discriminator's targets
     come from the generator's samples inside the model."""
 
-    def masking(self, opts) -> MaskingConfig:
-        return replace(GENERATOR_MASKING, rate=opts.masking.rate, whole_word=opts.masking.whole_word)
+    Options = GeneratorOptions
+
+    def masking(self, opts) -> MaskingOptions:
+        return replace(GENERATOR_MASKING, mask_rate=opts.mask_rate, whole_word=opts.whole_word)
 
     def loss(self, model, batch, *, metrics):
         out = model(batch["input_ids"], batch["labels"], masked_positions=batch.get("masked_positions"),

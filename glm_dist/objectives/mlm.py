@@ -1,13 +1,13 @@
 """Masked language modelling (BERT, RoBERTa; ALBERT's n-gram variant; whole-word masking).
 
-Select ``rate`` of the maskable tokens; of those, ``mask_frac`` become the mask token,
+Select ``mask_rate`` of the maskable tokens; of those, ``mask_frac`` become the mask token,
 ``random_frac`` a random token, the rest stay (BERT: 15%, 80/10/10). Masks are drawn at load time
 from an RNG keyed by (seed, epoch, sample), so they change every epoch (RoBERTa's dynamic masking)
 and replay exactly on resume. Special tokens are never selected.
 
 Selection works on *words* when ``word_starts`` is given (whole-word masking: a word's pieces are
 masked together) and on spans of ``1..max_ngram`` words with p(n) ∝ 1/n when ``max_ngram > 1``
-(ALBERT). The number of selected tokens is ``round(rate * maskable)`` (google-research/bert's
+(ALBERT). The number of selected tokens is ``round(mask_rate * maskable)`` (google-research/bert's
 ``num_to_predict``), so the rate holds for every sequence, not just on average.
 """
 from __future__ import annotations
@@ -17,19 +17,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from glm_dist.objectives.base import (IGNORE_INDEX, Objective, encoder_inputs, masked_positions, selected_nll,
+from glm_dist.objectives.base import (IGNORE_INDEX, Objective, encoder_inputs, masked_positions, option, selected_nll,
                                       token_sums)
 from glm_dist.objectives.packing import SentencePacker
 from glm_dist.ops.cross_entropy import cross_entropy
 
 
 @dataclass(frozen=True)
-class MaskingConfig:
-    rate: float = 0.15
-    mask_frac: float = 0.8
-    random_frac: float = 0.1
-    max_ngram: int = 1  # ALBERT: 3
-    whole_word: bool = False
+class MaskingOptions:
+    """The keys of ``mlm``, ``mlm_nsp`` and ``sop`` under ``objective:`` (BERT's values by default)."""
+
+    mask_rate: float = option(0.15, "fraction of the maskable tokens selected for prediction", bounds="(0, 1]")
+    mask_frac: float = option(0.8, "of the selected, fraction replaced by the mask token", bounds="[0, 1]")
+    random_frac: float = option(0.1, "of the selected, fraction replaced by a random token", bounds="[0, 1]")
+    whole_word: bool = option(False, "mask all pieces of a word together")
+    max_ngram: int = option(1, "mask spans of up to n words, p(n) ~ 1/n (ALBERT: 3; sop implies 3)", bounds="[1, 64]")
 
 
 def ngram_probabilities(max_ngram: int) -> np.ndarray:
@@ -54,11 +56,11 @@ def word_spans(tokens: np.ndarray, maskable: np.ndarray, word_starts: np.ndarray
     return [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(cut, ends)]
 
 
-def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig,
+def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, cfg: MaskingOptions,
                      word_starts: np.ndarray | None = None) -> np.ndarray:
     """Boolean mask of the positions to predict."""
     selected = np.zeros(len(tokens), dtype=bool)
-    budget = int(round(cfg.rate * int(maskable.sum())))
+    budget = int(round(cfg.mask_rate * int(maskable.sum())))
     if not cfg.whole_word and cfg.max_ngram == 1:  # token-level: one vectorised draw
         selected[rng.choice(np.flatnonzero(maskable), size=budget, replace=False)] = True
         return selected
@@ -89,7 +91,7 @@ def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Ge
     return selected
 
 
-def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, cfg: MaskingConfig, mask_id: int, vocab_size: int,
+def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, cfg: MaskingOptions, mask_id: int, vocab_size: int,
                 special_ids: np.ndarray, word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels): labels hold the original token at selected positions, -100 elsewhere."""
     maskable = ~np.isin(tokens, special_ids)
@@ -125,11 +127,16 @@ def encoder_stage_inputs(batch: dict[str, torch.Tensor], device) -> tuple:
 class MaskedLM(Objective):
     """RoBERTa: FULL-SENTENCES units ``[CLS] ... [SEP]``, dynamically masked."""
 
+    Options = MaskingOptions
+
     def builder(self, *, seq_len, vocab, opts, stream=0):
         return SentencePacker(seq_len - 2, doc_sep=vocab.id("sep"))
 
-    def masking(self, opts) -> MaskingConfig:
-        return opts.masking
+    def masking(self, opts) -> MaskingOptions:
+        return opts
+
+    def needs_word_starts(self, opts) -> bool:
+        return opts.whole_word
 
     def sample(self, unit, rng, *, vocab, opts):
         tokens, _ = unit

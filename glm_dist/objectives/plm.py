@@ -14,17 +14,36 @@ Two layouts (``objective.plm_layout``):
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Iterator, Literal
 
 import numpy as np
 import torch.nn.functional as F
 
-from glm_dist.objectives.base import IGNORE_INDEX, Objective, token_sums
+from glm_dist.objectives.base import IGNORE_INDEX, Objective, option, token_sums
 from glm_dist.objectives.clm import TokenPacker
 from glm_dist.objectives.permutation_lm import plm_inputs, two_part_inputs
 
 MODEL_INPUTS = ("perm_mask", "target_mapping", "token_type_ids", "attention_mask", "mems")
 RANDOM_B = 0.5
+
+
+@dataclass(frozen=True)
+class PLMOptions:
+    """The key of ``plm`` under ``objective:``."""
+
+    plm_layout: Literal["collator", "paper"] = option(
+        "collator", "'collator' = one permuted block per row (transformers' collator); 'paper' = the paper's "
+                    "segments (model.reuse_len continued tokens, then A <sep> B <sep> <cls>, parts permuted "
+                    "separately; needs model.mem_len and model.reuse_len)")
+
+
+@dataclass(frozen=True)
+class SegmentOptions(PLMOptions):
+    """What the builder reads: the layout, and the segment memory the XLNet model config fixes."""
+
+    reuse_len: int = 0  # model.reuse_len: the tokens of a segment the next one keeps as memory
+    bi_data: bool = False  # model.bi_data: odd streams read backwards
 
 
 class PaperSegments:
@@ -88,19 +107,28 @@ class PermutationLM(Objective):
     (``mem_len`` > 0) the batch carries each row's memory in ``mems`` and the new one comes back in
     the sums (the trainer keeps them per stream)."""
 
+    Options = PLMOptions
+
+    def options(self, own=None, model_cfg=None) -> SegmentOptions:
+        """The layout, with the XLNet model config's ``reuse_len`` and ``bi_data``."""
+        memory = {} if model_cfg is None else {"reuse_len": model_cfg.reuse_len or 0,
+                                                "bi_data": bool(model_cfg.bi_data)}
+        return SegmentOptions(**asdict(own or PLMOptions()), **memory)
+
+    def backward_streams(self, opts) -> bool:
+        return opts.bi_data
+
     def builder(self, *, seq_len, vocab, opts, stream=0):
         if opts.plm_layout == "paper":
             return PaperSegments(seq_len, opts.reuse_len, sep_id=vocab.id("sep"), cls_id=vocab.id("cls"),
-                                 backward=opts.bi_data and stream % 2 == 1)
+                                 backward=self.backward_streams(opts) and stream % 2 == 1)
         return TokenPacker(seq_len, sep=vocab.id("eot"))
 
     def sample(self, unit, rng, *, vocab, opts):
         if opts.plm_layout == "paper":
             tokens, segments = unit
-            return two_part_inputs(tokens, segments, opts.reuse_len, rng, special_ids=vocab.specials,
-                                   plm_probability=opts.plm_probability, max_span=opts.max_span)
-        return plm_inputs(unit, rng, special_ids=vocab.specials, plm_probability=opts.plm_probability,
-                          max_span=opts.max_span)
+            return two_part_inputs(tokens, segments, opts.reuse_len, rng, special_ids=vocab.specials)
+        return plm_inputs(unit, rng, special_ids=vocab.specials)
 
     def loss(self, model, batch, *, metrics):
         out = model(batch["input_ids"], **{k: batch[k] for k in MODEL_INPUTS if batch.get(k) is not None})

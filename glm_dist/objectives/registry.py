@@ -1,12 +1,12 @@
 """The objectives by name: one row per objective (docs/architecture.md, decision 10).
 
-Each row is the object its own file defines (``objectives/<name>.py``); nothing else in the
-library tests an objective's name. Also here: the options every objective reads (the config's
-``objective`` section) and the collation of samples into a batch.
+Each row is the object its own file defines (``objectives/<name>.py``), with its options; nothing
+else in the library tests an objective's name. Also here: what the config's ``objective`` section
+reads of the rows (which keys an objective takes), and the collation of samples into a batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import numpy as np
 import torch
@@ -28,33 +28,41 @@ def get_objective(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
-@dataclass(frozen=True)
-class ObjectiveOptions:
-    masking: mlm.MaskingConfig = mlm.MaskingConfig()
-    noise_density: float = 0.15  # T5
-    mean_span: float = 3.0  # T5
-    denoising: denoising.DenoisingConfig = denoising.DenoisingConfig()
-    plm_probability: float = 1 / 6
-    max_span: int = 5  # XLNet
-    plm_layout: str = "collator"  # XLNet: collator | paper (objectives/plm.py)
-    reuse_len: int = 0  # XLNet's paper layout: the tokens of a segment the next one keeps as memory
-    bi_data: bool = False  # XLNet: odd streams read backwards
-    tag_counts: tuple = ()  # CVT: the model's tags per task (checked against the shard set's tasks)
-    cvt_unlabelled: bool = True  # CVT: unlabelled minibatches between the labelled ones
+def options_from_config(section, model_cfg=None):
+    """What objective ``section.name`` reads as ``opts``: the section's options of that objective
+    and what its data takes from ``model_cfg`` (the built model config)."""
+    return get_objective(section.name).options(section.options, model_cfg)
 
 
-def options_from_config(o, model_cfg=None) -> ObjectiveOptions:
-    """``ObjectiveOptions`` from the config tree's ``objective`` section (and the model config's
-    segment layout, for objectives whose data follows the model's memory)."""
-    return ObjectiveOptions(
-        plm_layout=o.plm_layout, reuse_len=getattr(model_cfg, "reuse_len", 0) or 0,
-        bi_data=bool(getattr(model_cfg, "bi_data", False)),
-        tag_counts=tuple(getattr(model_cfg, "tags", ())), cvt_unlabelled=o.cvt_unlabelled,
-        masking=mlm.MaskingConfig(rate=o.mask_rate, mask_frac=o.mask_frac, random_frac=o.random_frac,
-                                  max_ngram=o.max_ngram, whole_word=o.whole_word),
-        noise_density=o.noise_density, mean_span=o.mean_span,
-        denoising=denoising.DenoisingConfig(mask_ratio=o.mask_ratio, poisson_lambda=o.poisson_lambda,
-                                            permute_sentences=o.permute_sentences, random_ratio=o.random_ratio))
+def option_keys() -> dict[str, tuple[dataclasses.Field, list[str]]]:
+    """Every key an objective takes under ``objective:`` -> (its field, the objectives that take
+    it). Objectives that share a key share its type and default (MLM's and ELECTRA's
+    ``mask_rate``), so a config written for one reads the same for the other."""
+    keys: dict[str, tuple[dataclasses.Field, list[str]]] = {}
+    for name, objective in OBJECTIVES.items():
+        for f in dataclasses.fields(objective.Options):
+            if f.name in keys:
+                first, users = keys[f.name]
+                if (first.type, first.default) != (f.type, f.default):
+                    raise TypeError(f"objective key {f.name!r}: {name} declares {f.type} = {f.default!r}, "
+                                    f"{users[0]} {first.type} = {first.default!r}; give them one meaning")
+                users.append(name)
+            else:
+                keys[f.name] = (f, [name])
+    return keys
+
+
+def options_schema(name: str, keys: dict) -> tuple[type | None, dict]:
+    """The options dataclass of objective ``name`` for ``keys`` set under ``objective:`` beside
+    it, and the keys to build it from. A key of another objective at its default is no setting
+    (a resolved config of an earlier version lists every objective's keys) and is dropped; set to
+    anything else it is kept, so the config loader refuses it as not this objective's key. An
+    unknown objective is left to the config checks to name."""
+    if name not in OBJECTIVES:
+        return None, keys
+    others = option_keys()
+    return OBJECTIVES[name].Options, {k: v for k, v in keys.items()
+                                      if k not in others or name in others[k][1] or v != others[k][0].default}
 
 
 PAD_VALUES = {"labels": IGNORE_INDEX, "masked_labels": IGNORE_INDEX, "target_labels": IGNORE_INDEX}

@@ -19,7 +19,7 @@ import numpy as np
 import torch.nn.functional as F
 
 from glm_dist.objectives.base import Objective, encoder_inputs, masked_positions, selected_nll, token_report, token_sums
-from glm_dist.objectives.mlm import MaskingConfig, mask_tokens
+from glm_dist.objectives.mlm import MaskingOptions, mask_tokens
 
 SHORT_SEQ_PROB = 0.1
 
@@ -100,14 +100,18 @@ class SentencePairMLM(Objective):
     """Masked LM over segment pairs plus the pair task: mean MLM + mean NSP (BERT) or SOP (ALBERT,
     with n-gram masking, n <= 3)."""
 
+    Options = MaskingOptions
     swap: bool = False  # set by the subclass: sentence order (SOP) instead of next sentence (NSP)
     min_ngram: int = 1
 
     def builder(self, *, seq_len, vocab, opts, stream=0):
         return PairBuilder(seq_len, cls_id=vocab.id("cls"), sep_id=vocab.id("sep"), swap=self.swap)
 
-    def masking(self, opts) -> MaskingConfig:
-        return replace(opts.masking, max_ngram=max(opts.masking.max_ngram, self.min_ngram))
+    def masking(self, opts) -> MaskingOptions:
+        return replace(opts, max_ngram=max(opts.max_ngram, self.min_ngram))
+
+    def needs_word_starts(self, opts) -> bool:
+        return opts.whole_word
 
     def sample(self, unit, rng, *, vocab, opts):
         inputs, labels = mask_tokens(unit["tokens"], rng, cfg=self.masking(opts), mask_id=vocab.id("mask"),

@@ -8,11 +8,21 @@ count down from the top of the vocabulary (``<extra_id_0>`` is the highest id).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from glm_dist.objectives.base import Objective, seq2seq_loss
+from glm_common.config_bounds import TOKENS
+from glm_dist.objectives.base import Objective, option, seq2seq_loss
 from glm_dist.objectives.clm import TokenPacker
 
+
+@dataclass(frozen=True)
+class SpanOptions:
+    """The keys of ``span_corruption`` under ``objective:`` (T5's values by default)."""
+
+    noise_density: float = option(0.15, "fraction of tokens in noise spans", bounds="(0, 1)")
+    mean_span: float = option(3.0, "mean noise span length", bounds=f"(0, {TOKENS}]")
 
 
 def _lengths(raw_len: int, density: float, mean_span: float) -> tuple[int, int]:
@@ -70,6 +80,8 @@ def shift_right(labels: np.ndarray, start_id: int) -> np.ndarray:
 
 class SpanCorruption(Objective):
     """T5: raw blocks sized so the corrupted input is exactly ``seq_len``; targets are the spans."""
+
+    Options = SpanOptions
 
     def builder(self, *, seq_len, vocab, opts, stream=0):
         raw, _ = raw_length_for(seq_len, density=opts.noise_density, mean_span=opts.mean_span)
