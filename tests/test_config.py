@@ -136,7 +136,7 @@ def test_every_published_size_has_a_recipe_with_a_layout():
 AUTO = """
 import json, sys
 from glm_dist.config.loader import load_config
-from glm_dist.observability.flops import native_bf16
+from glm_dist.ops.hardware import native_bf16
 print(json.dumps([load_config(sys.argv[1]).train.precision, *native_bf16()]))
 """
 

@@ -9,6 +9,7 @@ from glm_common.config_bounds import check_bounds
 from glm_common.config_yaml import CLI, MAX_CONFIG_BYTES, ConfigError, load_structured, source_of, to_dict
 from glm_dist.config.mixture import check_mixture
 from glm_dist.config.schema import Config
+from glm_dist.ops.hardware import native_bf16
 
 __all__ = ["CLI", "MAX_CONFIG_BYTES", "ConfigError", "load_config", "load_structured", "source_of", "to_dict"]
 
@@ -21,7 +22,5 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     check_bounds(cfg)
     check_mixture(cfg)
     if cfg.train.precision == "auto":
-        from glm_dist.observability.flops import native_bf16
-
         cfg.train.precision = "bf16" if native_bf16()[0] else "fp32"
     return cfg

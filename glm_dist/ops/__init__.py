@@ -1,1 +1,2 @@
-"""Numerical kernels shared by models and objectives (no distribution code, no model state)."""
+"""Numerical kernels shared by models and objectives, and what the device computes natively
+(``hardware.py``); no distribution code, no model state, no config."""
