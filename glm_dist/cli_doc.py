@@ -4,12 +4,13 @@
     python -m glm_dist.cli_doc           # print docs/cli.md to stdout
     python -m glm_dist.cli_doc --check   # exit 1 when either is stale (tests/test_cli_doc.py does this)
 
-The parsers are ``glm_dist.cli._parser()`` and the two that ``glm launch`` and ``glm slurm`` build
-inside their ``main`` (their options are not parsed by the ``glm`` parser); those two are caught at
-their ``parse_args`` call, before they act. The output depends on nothing but the parsers: usage
-lines are laid out here (argparse's own layout follows the terminal width and changes between
-Python versions), defaults are those of an empty environment, and a default that an environment
-variable changes says which variable, found by building the parsers again with it set.
+The parsers are ``glm_dist.cli._parser()`` (every command module of ``glm_dist/commands/``) and those
+the commands of ``OWN_OPTIONS`` (``glm launch``, ``glm slurm``) build inside their ``main`` (their options
+are not parsed by the ``glm`` parser); those are caught at their ``parse_args`` call, before they act.
+The output depends on nothing but the parsers: usage lines are laid out here (argparse's own layout
+follows the terminal width and changes between Python versions), defaults are those of an empty
+environment, and a default that an environment variable changes says which variable, found by building
+the parsers again with it set.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+
+from glm_dist import cli, commands
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_MD = ROOT / "docs" / "cli.md"
@@ -88,13 +91,11 @@ class _Environ(dict):
 
 
 def _build(environ: dict[str, str], asked: set[str]) -> Command:
-    from glm_dist import cli, launch, slurm
-
     saved = os.environ
     os.environ = _Environ(environ, asked)  # type: ignore[assignment]
     try:
         root = _walk("glm", "", cli._parser())
-        extra = {"launch": _caught_parser(launch.main), "slurm": _caught_parser(slurm.main)}
+        extra = {name: _caught_parser(commands.load(name).main) for name in commands.OWN_OPTIONS}
     finally:
         os.environ = saved  # type: ignore[assignment]
     for child in root.children:
@@ -290,8 +291,9 @@ def cli_markdown(root: Command | None = None) -> str:
     root = root or parsers()
     out = ["# CLI reference", "",
            "Every `glm` command and subcommand with its arguments, generated from the parsers "
-           "(`glm_dist/cli.py`, and `glm_dist/launch.py` and `glm_dist/slurm.py` for `glm launch` and "
-           f"`glm slurm`) by `{REGENERATE}`; `tests/test_cli_doc.py` fails when this page is stale. "
+           "(each command's module in `glm_dist/commands/`, listed in its `__init__.py`; `glm_dist/launch.py` "
+           f"and `glm_dist/slurm.py` for `glm launch` and `glm slurm`) by `{REGENERATE}`; "
+           "`tests/test_cli_doc.py` fails when this page is stale. "
            "Every command also takes `-h` / `--help`. Config keys, the `key=value` overrides, are listed "
            "by `glm config keys` ([configs.md](configs.md)). Defaults are those of an empty environment.",
            "", command_table(root, link=""), ""]

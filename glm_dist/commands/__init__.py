@@ -12,29 +12,31 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-# name -> module, in the order of ``glm --help`` and docs/cli.md; a name of two words is a subcommand of a group
+# name -> module, in the order of ``glm --help`` and docs/cli.md (a run's life: train, use the checkpoint, inspect;
+# then the data: crawl, tokenize, mix, the task sets); a name of two words is a subcommand of a group
 COMMANDS: dict[str, str] = {
     "train": "glm_dist.commands.train",
     "eval": "glm_dist.commands.eval",
     "generate": "glm_dist.commands.generate",
     "features": "glm_dist.commands.features",
+    "finetune": "glm_dist.commands.finetune",
     "export-hf": "glm_dist.commands.export_hf",
     "checkpoint convert": "glm_dist.commands.checkpoint_convert",
     "config show": "glm_dist.commands.config_show",
     "config keys": "glm_dist.commands.config_keys",
-    "data tokenize": "glm_dist.commands.data_tokenize",
-    "data index": "glm_dist.commands.data_index",
-    "data cooccur": "glm_dist.commands.data_cooccur",
-    "data vectors": "glm_dist.commands.data_vectors",
+    "plan": "glm_dist.commands.plan",
     "data run": "glm_dist.commands.data_run",
     "data train-classifier": "glm_dist.commands.data_train_classifier",
+    "data tokenize": "glm_dist.commands.data_tokenize",
+    "data index": "glm_dist.commands.data_index",
+    "data mix": "glm_dist.commands.data_mix",
+    "data cooccur": "glm_dist.commands.data_cooccur",
+    "data vectors": "glm_dist.commands.data_vectors",
+    "data eval-tasks": "glm_dist.commands.data_eval_tasks",
     "data tagging": "glm_dist.commands.data_tagging",
+    "data token-tasks": "glm_dist.commands.data_token_tasks",
     "data docstring-task": "glm_dist.commands.data_docstring_task",
     "data gettext": "glm_dist.commands.data_gettext",
-    "data token-tasks": "glm_dist.commands.data_token_tasks",
-    "data eval-tasks": "glm_dist.commands.data_eval_tasks",
-    "finetune": "glm_dist.commands.finetune",
-    "plan": "glm_dist.commands.plan",
 }
 # name -> module of the commands that parse their own options (``main(argv)``)
 OWN_OPTIONS: dict[str, str] = {
