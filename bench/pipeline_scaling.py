@@ -39,7 +39,7 @@ from data_pipeline.sample_crawl import pages, response_records  # noqa: E402
 from data_pipeline.stages import buckets  # noqa: E402
 from data_pipeline.stages.clusters import Rounds  # noqa: E402
 from data_pipeline.stages.filter import BAND  # noqa: E402
-from data_pipeline.storage import Store  # noqa: E402
+from glm_common.storage import Storage  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FINEWEB = os.path.join(ROOT, "configs/data/fineweb.yaml")
@@ -64,7 +64,7 @@ def generated_crawl(folder: str, copies: int) -> int:
     return copies * len(every)
 
 
-def stage_memory(work: Store, stages: list[tuple[str, int]]) -> dict[str, float]:
+def stage_memory(work: Storage, stages: list[tuple[str, int]]) -> dict[str, float]:
     """The largest ``task_mb`` of one task per stage (the clusters rounds together)."""
     out: dict[str, float] = {}
     for name, n in stages:
@@ -119,7 +119,7 @@ def planted_keys(n: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     return ids, files
 
 
-def write_band_keys(work: Store, files: list[np.ndarray]) -> None:
+def write_band_keys(work: Storage, files: list[np.ndarray]) -> None:
     for f, k in enumerate(files):
         band = np.empty(k.size, BAND)
         band["band"] = np.tile(np.arange(BANDS, dtype=np.uint32), len(k))
@@ -132,7 +132,7 @@ class DedupJob:
     """The buckets stage and the clusters rounds alone, for the local executor."""
 
     def __init__(self, work_url: str):
-        self.work = Store(work_url)
+        self.work = Storage(work_url)
         self.pipe = SimpleNamespace(recipe=SimpleNamespace(dedup=SimpleNamespace(minhash=True, exact=False)),
                                     inputs=[""] * FILES, work=self.work, partitions=PARTS)
         self.rounds = Rounds(self.work, PARTS, FILES, [buckets.edges_key(p) for p in range(PARTS)])
@@ -148,7 +148,7 @@ class DedupJob:
             self.rounds.run_task(stage, task)
 
 
-def one_process(work: Store, n: int, ids: np.ndarray) -> tuple[np.ndarray, float, float]:
+def one_process(work: Storage, n: int, ids: np.ndarray) -> tuple[np.ndarray, float, float]:
     """Every band of every file in one process -> star edges -> scipy: (labels, seconds, peak MB)."""
     memory, start = TaskMemory(), time.perf_counter()
     parts = [read_routed(work, [f"keys/{f:05d}.band" for f in range(FILES)], p, BAND) for p in range(PARTS)]
@@ -168,7 +168,7 @@ def dedup_rows(root: str, sizes: list[int], workers: int) -> list[str]:
         base = f"{root}/dedup-{n}"
         shutil.rmtree(base, ignore_errors=True)
         ids, files = planted_keys(n)
-        work = Store(base)
+        work = Storage(base)
         write_band_keys(work, files)
         del files
         job = DedupJob(base)

@@ -7,7 +7,7 @@ import json
 
 from data_pipeline.document import Stats, ranked
 from data_pipeline.recipe import STAGES, Recipe
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 
 def funnel(stats: Stats) -> list[dict]:
@@ -24,7 +24,7 @@ def _relative(path: str, out: str) -> str:
     return path[len(out) + 1:] if path.startswith(out + "/") else path
 
 
-def write_card(store: Store, recipe: Recipe, stats: Stats, dedup: dict, contamination: dict, shards: list[str],
+def write_card(store: Storage, recipe: Recipe, stats: Stats, dedup: dict, contamination: dict, shards: list[str],
                inputs: list[str], benchmarks: list[str]) -> None:
     rows = funnel(stats)
     inputs = [_relative(p, store.url) for p in inputs]

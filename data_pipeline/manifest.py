@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import posixpath
 
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 MANIFEST = "manifest.json"
 FORMAT = "glm-dist/crawl-documents/v1"
 MAX_MANIFEST_BYTES = 256 * 2**20
 
 
-def write_output_manifest(store: Store, *, recipe: str, shards: list[str], counts: list[int]) -> None:
+def write_output_manifest(store: Storage, *, recipe: str, shards: list[str], counts: list[int]) -> None:
     manifest = {"format": FORMAT, "recipe": recipe, "documents": sum(counts),
                 "shards": [{"path": s, "documents": n} for s, n in zip(shards, counts)],
                 "stats": "stats.json", "card": "README.md"}
@@ -37,11 +37,11 @@ def read_output_manifest(url: str) -> list[str]:
     base = url.rstrip("/")
     if posixpath.basename(base) == MANIFEST:
         base = posixpath.dirname(base) or "."
-    store = Store(base)
+    store = Storage(base)
     if not store.exists(MANIFEST):
         raise FileNotFoundError(f"{store.path(MANIFEST)} does not exist: {base} holds no finished crawl-pipeline "
                                 "run (glm data run writes the manifest last)")
-    manifest = json.loads(store.read_bytes(MANIFEST, MAX_MANIFEST_BYTES))
+    manifest = json.loads(store.read(MANIFEST, max_bytes=MAX_MANIFEST_BYTES))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PipelineError(f"{store.path(MANIFEST)} is not a crawl-pipeline manifest (format {FORMAT!r})")
     return [store.path(shard["path"]) for shard in manifest["shards"]]
@@ -56,7 +56,7 @@ def finished_run_shards(location: str) -> list[str] | None:
     base = location.rstrip("/")
     if posixpath.basename(base) == MANIFEST:
         return read_output_manifest(base)
-    store = Store(base)
+    store = Storage(base)
     if store.exists(MANIFEST) or store.exists("work/run.json"):
         return read_output_manifest(base)
     return None

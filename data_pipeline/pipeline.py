@@ -29,7 +29,7 @@ import logging
 from data_pipeline.errors import PipelineError
 from data_pipeline.executors.tasks import read_marker, run_once
 from data_pipeline.recipe import Recipe
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 log = logging.getLogger(__name__)
 MAX_PARTITIONS_BY_DEFAULT = 256
@@ -41,7 +41,7 @@ class Pipeline:
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
-        self.store = Store(recipe.output)
+        self.store = Storage(recipe.output)
         self.out = self.store.url  # an absolute path, or a URL
         self.work = self.store.child("work")
         self._identity: dict | None = None
@@ -76,7 +76,7 @@ class Pipeline:
     @property
     def identity(self) -> dict:
         if self._identity is None:
-            self._identity = json.loads(self.work.read_bytes("run.json", MAX_RUN_JSON_BYTES))
+            self._identity = json.loads(self.work.read("run.json", max_bytes=MAX_RUN_JSON_BYTES))
         return self._identity
 
     @property
@@ -119,4 +119,4 @@ class Pipeline:
 
     def card_text(self) -> str:
         """The data card (README.md) of a finished run."""
-        return self.store.read_bytes("README.md", MAX_RUN_JSON_BYTES).decode()
+        return self.store.read("README.md", max_bytes=MAX_RUN_JSON_BYTES).decode()

@@ -3,9 +3,8 @@
 Every file the project reads (crawl inputs, ``data.source``, shards, manifests) is named by a path
 or an fsspec URL. Two rules hold for all of them (docs/architecture.md, decision 11):
 
-- :func:`check_scheme`: a location is a path or a URL of an allowed storage protocol, never a
-  command. webdataset's ``pipe:cmd`` runs ``cmd`` in a shell, and fsspec knows protocols that
-  reach far beyond storage (``reference::``, ``ssh://``, ...); both are refused with one line.
+- :func:`check_scheme` (``glm_common/locations.py``, named here for the readers): a location is a
+  path or a URL of an allowed storage protocol, never a command.
 - :func:`open_url`: http(s) reads have a connect and a read timeout (aiohttp's ``ClientTimeout``
   through fsspec's ``client_kwargs``), transient failures (connection refused or reset, timeouts,
   HTTP 5xx/408/429) are retried with exponential backoff a bounded number of times, and what still
@@ -19,13 +18,14 @@ from __future__ import annotations
 import io
 import logging
 import math
-import re
 import socket
 import time
 from typing import IO, Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 import fsspec
+
+from glm_common.locations import check_scheme, scheme_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,12 +35,6 @@ READ_TIMEOUT_S = 60.0  # the longest wait for the next bytes of an answer
 RETRIES = 3  # further attempts after a transient failure
 BACKOFF_S = 1.0  # the wait before the first retry; doubled before each next one
 
-STORAGE_SCHEMES = ("file", "local", "http", "https", "s3", "s3a", "gs", "gcs", "hf", "memory")
-CACHE_SCHEMES = ("simplecache", "filecache", "blockcache")  # only in front of a storage link: CACHE::URL
-ALLOWED_FORMS = ("a path or a file://, http(s)://, s3://, gs://, gcs://, hf:// or memory:// URL, optionally "
-                 "behind simplecache::, filecache:: or blockcache::")
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
-_BARE_PROTOCOL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*$")
 _GIVE_UP_STATUS = (404, 410)  # left to fsspec, which raises FileNotFoundError
 
 
@@ -49,37 +43,9 @@ class RemoteReadError(OSError):
     retrying does not fix, or it failed on every attempt. The message is one line: URL, reason."""
 
 
-def check_scheme(url: str, key: str) -> None:
-    """Raise ``ValueError`` (one line naming ``key`` and the URL) unless ``url`` is a plain path or
-    an fsspec URL whose every ``::``-chained link uses an allowed protocol. ``pipe:`` (a shell
-    command in webdataset) is refused with its own message."""
-    links = url.split("::")
-    for i, link in enumerate(links):
-        scheme = _scheme_of(link, last=i == len(links) - 1)
-        if scheme is None:
-            continue
-        if scheme == "pipe":
-            raise ValueError(f"{key}={url!r}: 'pipe:' runs a shell command; shard and input locations are URLs "
-                             f"or paths, never commands (use {ALLOWED_FORMS})")
-        allowed = STORAGE_SCHEMES if i == len(links) - 1 else STORAGE_SCHEMES + CACHE_SCHEMES
-        if scheme not in allowed:
-            raise ValueError(f"{key}={url!r}: scheme '{scheme}:' is not allowed; use {ALLOWED_FORMS} "
-                             f"(write ./ before a local file name that holds a colon)")
-
-
-def _scheme_of(link: str, *, last: bool) -> str | None:
-    """The protocol of one link of a chained URL; None for a plain path (or a Windows drive)."""
-    found = _SCHEME.match(link)
-    if found and len(found.group(1)) > 1:
-        return found.group(1).lower()
-    if not last and _BARE_PROTOCOL.match(link):  # "simplecache" in "simplecache::s3://..."
-        return link.lower()
-    return None
-
-
 def _http_schemes(url: str) -> list[str]:
     links = url.split("::")
-    schemes = [_scheme_of(link, last=i == len(links) - 1) for i, link in enumerate(links)]
+    schemes = [scheme_of(link, last=i == len(links) - 1) for i, link in enumerate(links)]
     return [s for s in schemes if s in ("http", "https")]
 
 

@@ -26,7 +26,7 @@ import json
 import uuid
 import warnings
 
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 N_FILES = 4
 DATE = "2024-01-01T00:00:00Z"
@@ -230,7 +230,7 @@ def _rendered() -> dict[str, bytes]:
     return {r["name"]: base64.b64decode(r["data"]) for r in rows}
 
 
-def write_sample(store: Store) -> dict[str, list[str]]:
+def write_sample(store: Storage) -> dict[str, list[str]]:
     """Write the sample crawl (``crawl-N.warc.gz``) and benchmark (``sample-qa.jsonl``) into ``store``
     once; returns their full paths or URLs."""
     crawl = [f"crawl-{i}.warc.gz" for i in range(N_FILES)]

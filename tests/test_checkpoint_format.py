@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
+from glm_dist.checkpoint.errors import checkpoint_storage
 from glm_dist.checkpoint.files import BlockHasher, CheckpointError, verify
 from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file, overlaps, split_bounds
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.parallel.tensor import _slice
 from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm, tagged_json, train_losses
 
@@ -72,7 +73,7 @@ def test_any_slice_reads_back_from_the_shards_of_any_layout(saved, wanted, tmp_p
     gen = torch.Generator().manual_seed(0)
     tensors = {"qkv": (torch.randn(24, 8, generator=gen), 0, 3), "proj": (torch.randn(8, 16, generator=gen), 1, 1),
                "vocab": (torch.randn(11, 4, generator=gen), 0, 1), "wte": (torch.randn(10, 4, generator=gen), None, 1)}
-    ckpt = Storage(tmp_path)
+    ckpt = checkpoint_storage(tmp_path)
     index = ShardIndex(ckpt, save_layout(ckpt, tensors, *saved))
     tp_size, dp = wanted
     for t in range(tp_size):
@@ -98,7 +99,7 @@ def test_overlaps_of_a_row_parallel_slice_are_its_rows():
 
 
 def test_missing_elements_and_bad_files_are_one_clear_error(tmp_path):
-    ckpt = Storage(tmp_path)
+    ckpt = checkpoint_storage(tmp_path)
     full = torch.arange(12.0)
     meta = save_layout(ckpt, {"w": (full, 0, 1)}, 1, 2)
     del meta["files"][index_file(1)]  # rank 1's shards are gone
@@ -114,17 +115,17 @@ def test_shard_files_are_safetensors_files(tmp_path):
 
     tensors = [("a@0", torch.randn(5)), ("b@7", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
                ("c@0", torch.randn(3).bfloat16())]
-    entry = tensorfile.write(Storage(tmp_path), "x.safetensors", tensors)
+    entry = tensorfile.write(checkpoint_storage(tmp_path), "x.safetensors", tensors)
     assert entry["size"] == (tmp_path / "x.safetensors").stat().st_size
     with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:
         assert sorted(f.keys()) == ["a@0", "b@7", "c@0"]
         assert all(torch.equal(f.get_tensor(k), t) for k, t in tensors)
-    back = tensorfile.read_all(Storage(tmp_path), "x.safetensors")
+    back = tensorfile.read_all(checkpoint_storage(tmp_path), "x.safetensors")
     assert all(torch.equal(back[k], t) for k, t in tensors)
 
 
 def test_verification_splits_the_bytes_over_ranks(tmp_path):
-    ckpt = Storage(tmp_path)
+    ckpt = checkpoint_storage(tmp_path)
     data = os.urandom(10_000)
     hasher = BlockHasher(block=1000)
     hasher.update(data)
@@ -161,8 +162,8 @@ def _as_format_2(ckpt: Path, old: Path) -> None:
 
     from glm_dist.checkpoint.files import read_meta
 
-    meta = read_meta(Storage(ckpt))
-    index = ShardIndex(Storage(ckpt), meta)
+    meta = read_meta(checkpoint_storage(ckpt))
+    index = ShardIndex(checkpoint_storage(ckpt), meta)
     client = json.loads((ckpt / "client_state.json").read_text())
     uni = old / "universal"
     uni.mkdir(parents=True)

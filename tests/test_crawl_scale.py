@@ -13,7 +13,7 @@ from data_pipeline.dedup.components import components
 from data_pipeline.dedup.shuffle import EDGE, as_edges, node_partition, read_routed, write_routed
 from data_pipeline.executors.local import run_job
 from data_pipeline.stages.clusters import ComponentsJob, round_name
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def connected_by_rounds(tmp_path: Path, ids: np.ndarray, pairs: np.ndarray, file
                         workers: int) -> tuple[np.ndarray, ComponentsJob]:
     """Route the pairs as the buckets stage does (4 producers, both directions), run the rounds with
     the local executor, and read back each document's label (its component's first document)."""
-    work = Store(str(tmp_path / "work"))
+    work = Storage(str(tmp_path / "work"))
     sources = []
     for k, chunk in enumerate(np.array_split(pairs, 4)):
         both = np.concatenate([chunk, chunk[:, ::-1]])
@@ -116,13 +116,13 @@ def test_data_pipeline_does_not_import_glm_dist():
 
 
 def test_store_writes_are_whole_or_nothing(tmp_path):
-    store = Store(str(tmp_path / "s"))
+    store = Storage(str(tmp_path / "s"))
     with pytest.raises(RuntimeError):
         with store.open_write("a/b.bin") as f:
             f.write(b"half")
             raise RuntimeError("killed mid-write")
-    assert not store.exists("a/b.bin") and store.list("a") == []
+    assert not store.exists("a/b.bin") and store.listdir("a") == []
     store.write_bytes("a/b.bin", b"whole")
-    assert store.read_bytes("a/b.bin", 10) == b"whole" and store.read_ranges(["a/b.bin"], [1], [3]) == [b"ho"]
-    with pytest.raises(ValueError, match="larger than 3 bytes"):
-        store.read_bytes("a/b.bin", 3)
+    assert store.read("a/b.bin", max_bytes=10) == b"whole" and store.read_ranges(["a/b.bin"], [1], [3]) == [b"ho"]
+    with pytest.raises(ValueError, match="more than the 3 allowed"):
+        store.read("a/b.bin", max_bytes=3)

@@ -164,9 +164,8 @@ def test_a_shard_and_its_index_reach_the_disk_before_the_renames_that_publish_th
     is fsync'ed before its rename, and its folder after it."""
     import os
 
-    from data_pipeline import storage
     from data_pipeline.writers import shards as writer_module
-    from glm_common import durable
+    from glm_common import durable, storage
 
     events: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace

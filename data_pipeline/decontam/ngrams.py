@@ -24,7 +24,7 @@ from data_pipeline.document import Stats
 from data_pipeline.readers.streams import max_record_bytes, open_stream, read_line
 from data_pipeline.recipe import DecontamCfg, ReaderCfg
 from data_pipeline.remote import open_url
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 TOKEN = re.compile(r"\S+")
 MAX_INDEX_BYTES = 4 * 2**30  # the n-gram index of the benchmarks (tens of MB for all of lm-eval's)
@@ -55,16 +55,16 @@ class BenchmarkIndex:
         hi = np.searchsorted(self.pair_hash, hashes, side="right")
         return np.unique(np.concatenate([self.pair_item[a:b] for a, b in zip(lo, hi)] or [np.zeros(0, np.int64)]))
 
-    def save(self, store: Store, key: str) -> None:
+    def save(self, store: Storage, key: str) -> None:
         buf = io.BytesIO()
         np.savez(buf, hashes=self.hashes, pair_hash=self.pair_hash, pair_item=self.pair_item)
         store.write_bytes(key + ".npz", buf.getvalue())
         store.write_bytes(key + ".items.json", json.dumps(self.items).encode())
 
     @classmethod
-    def load(cls, store: Store, key: str) -> "BenchmarkIndex":
-        z = np.load(io.BytesIO(store.read_bytes(key + ".npz", MAX_INDEX_BYTES)), allow_pickle=False)
-        items = json.loads(store.read_bytes(key + ".items.json", MAX_INDEX_BYTES))
+    def load(cls, store: Storage, key: str) -> "BenchmarkIndex":
+        z = np.load(io.BytesIO(store.read(key + ".npz", max_bytes=MAX_INDEX_BYTES)), allow_pickle=False)
+        items = json.loads(store.read(key + ".items.json", max_bytes=MAX_INDEX_BYTES))
         return cls(z["hashes"], z["pair_hash"], z["pair_item"], items)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 EDGE = np.dtype([("u", "<i8"), ("v", "<i8")])  # an edge, or any pair of document ids
 _FILE_SHIFT = np.int64(32)
@@ -56,7 +56,7 @@ def as_edges(records: np.ndarray) -> np.ndarray:
     return records.view("<i8").reshape(-1, 2) if len(records) else np.zeros((0, 2), np.int64)
 
 
-def write_routed(store: Store, key: str, records: np.ndarray, dest: np.ndarray, destinations: int) -> list[int]:
+def write_routed(store: Storage, key: str, records: np.ndarray, dest: np.ndarray, destinations: int) -> list[int]:
     """Write ``records`` (structured, or rows of a 2-D array) grouped by ``dest``; returns the count
     of each destination."""
     order = np.argsort(dest, kind="stable")
@@ -69,7 +69,7 @@ def write_routed(store: Store, key: str, records: np.ndarray, dest: np.ndarray, 
     return counts.tolist()
 
 
-def read_routed(store: Store, keys: list[str], part: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+def read_routed(store: Storage, keys: list[str], part: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Destination ``part``'s records from every producer in ``keys``, concatenated in that order,
     and how many came from each producer."""
     size = dtype.itemsize

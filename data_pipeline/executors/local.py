@@ -17,11 +17,11 @@ from data_pipeline.executors.tasks import done_tasks
 from data_pipeline.errors import PipelineError
 from data_pipeline.pipeline import Pipeline
 from data_pipeline.recipe import Recipe
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 
 class Job(Protocol):
-    work: Store
+    work: Storage
 
     def stages(self) -> list[tuple[str, int]]: ...
 

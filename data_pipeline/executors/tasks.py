@@ -1,6 +1,6 @@
 """Task bookkeeping shared by the executors: completion markers, whole-or-nothing writes, memory.
 
-A task writes its outputs whole-or-nothing (``storage.Store``) and its completion marker last.
+A task writes its outputs whole-or-nothing (``glm_common/storage.py``) and its completion marker last.
 A rerun skips every task with a marker, and a task that died half-way simply runs again and
 writes the same objects: nothing is duplicated or lost, and the final bytes are the same as an
 uninterrupted run's. Each marker also records the task's peak memory (``memory``).
@@ -13,7 +13,7 @@ import resource
 import sys
 from typing import Callable
 
-from data_pipeline.storage import AtomicFile, Store
+from glm_common.storage import AtomicFile, Storage
 
 MAX_MARKER_BYTES = 64 * 2**20
 
@@ -22,24 +22,25 @@ def marker_key(stage: str, task: int) -> str:
     return f"markers/{stage}/{task:05d}.json"
 
 
-def is_done(work: Store, stage: str, task: int) -> bool:
+def is_done(work: Storage, stage: str, task: int) -> bool:
     return work.exists(marker_key(stage, task))
 
 
-def done_tasks(work: Store, stage: str) -> set[int]:
+def done_tasks(work: Storage, stage: str) -> set[int]:
     """The tasks of ``stage`` with a marker (one listing, not a request per task)."""
-    return {int(name[:-5]) for name in work.list(f"markers/{stage}") if name.endswith(".json") and name[:-5].isdigit()}
+    names = work.listdir(f"markers/{stage}")
+    return {int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()}
 
 
-def write_marker(work: Store, stage: str, task: int, payload: dict) -> None:
+def write_marker(work: Storage, stage: str, task: int, payload: dict) -> None:
     work.write_bytes(marker_key(stage, task), json.dumps(payload, sort_keys=True).encode())
 
 
-def read_marker(work: Store, stage: str, task: int) -> dict:
-    return json.loads(work.read_bytes(marker_key(stage, task), MAX_MARKER_BYTES))
+def read_marker(work: Storage, stage: str, task: int) -> dict:
+    return json.loads(work.read(marker_key(stage, task), max_bytes=MAX_MARKER_BYTES))
 
 
-def run_once(work: Store, stage: str, task: int, fn: Callable[[], dict]) -> None:
+def run_once(work: Storage, stage: str, task: int, fn: Callable[[], dict]) -> None:
     """Run a task unless its marker exists; its marker (``fn``'s dict and the task's peak memory)
     is written after everything the task wrote."""
     if is_done(work, stage, task):
@@ -54,7 +55,7 @@ class JsonlGzWriter:
     """Deterministic gzip JSONL (no timestamp or file name in the header), streamed and made visible
     by ``close`` (whole-or-nothing, see ``storage``)."""
 
-    def __init__(self, store: Store, key: str) -> None:
+    def __init__(self, store: Storage, key: str) -> None:
         self.key, self.file = key, AtomicFile(store, key)
         self.gz = gzip.GzipFile(fileobj=self.file, mode="wb", mtime=0, filename="", compresslevel=6)
         self.count = 0

@@ -23,7 +23,7 @@ from data_pipeline.dedup.components import large_star, small_star
 from data_pipeline.dedup.shuffle import EDGE, as_edges, file_of, node_partition, read_routed, write_routed
 from data_pipeline.executors.tasks import done_tasks, read_marker, run_once
 from data_pipeline.errors import PipelineError
-from data_pipeline.storage import Store
+from glm_common.storage import Storage
 
 if TYPE_CHECKING:  # the pipeline imports the stages
     from data_pipeline.pipeline import Pipeline
@@ -41,7 +41,7 @@ class Rounds:
     node partitions), for documents of ``files`` input files; how far they have got is read from
     their markers."""
 
-    def __init__(self, work: Store, parts: int, files: int, sources: list[str]) -> None:
+    def __init__(self, work: Storage, parts: int, files: int, sources: list[str]) -> None:
         self.work, self.parts, self.files, self.sources = work, parts, files, sources
         self._outcomes: dict[int, dict] = {}
 
@@ -69,7 +69,7 @@ class Rounds:
         """The large-star round that found every component a star, and its number of stars
         (``clusters/final.json``, written once by whoever first sees the rounds finished)."""
         if self.work.exists(FINAL):
-            return json.loads(self.work.read_bytes(FINAL, 1 << 20))
+            return json.loads(self.work.read(FINAL, max_bytes=1 << 20))
         last = len(self.plan()) - 1
         done = self.outcome(last)
         if done is None or last % 2 or done["unconverged"]:
@@ -125,7 +125,7 @@ class ComponentsJob:
     a job for the executors, like a :class:`Pipeline`."""
 
     def __init__(self, work_url: str, parts: int, files: int, sources: list[str]) -> None:
-        self.work = Store(work_url)
+        self.work = Storage(work_url)
         self.rounds = Rounds(self.work, parts, files, sources)
 
     def stages(self) -> list[tuple[str, int]]:

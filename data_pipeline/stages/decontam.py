@@ -29,7 +29,7 @@ def bad_ngrams(pipe: Pipeline) -> np.ndarray:
     """Every dirty n-gram hash, sorted (hash ranges in order, each sorted)."""
     if not pipe.decontam_on():
         return np.zeros(0, np.uint64)
-    parts = [np.frombuffer(pipe.work.read_bytes(bad_key(p), MAX_BAD_BYTES), "<u8") for p in range(pipe.partitions)]
+    parts = [np.frombuffer(pipe.work.read(bad_key(p), max_bytes=MAX_BAD_BYTES), "<u8") for p in range(pipe.partitions)]
     return np.concatenate(parts).astype(np.uint64)
 
 

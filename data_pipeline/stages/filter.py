@@ -33,7 +33,7 @@ def sig_key(task: int) -> str:
 
 
 def load_sig(pipe: Pipeline, task: int):
-    return np.load(io.BytesIO(pipe.work.read_bytes(sig_key(task), MAX_SIG_BYTES)), allow_pickle=False)
+    return np.load(io.BytesIO(pipe.work.read(sig_key(task), max_bytes=MAX_SIG_BYTES)), allow_pickle=False)
 
 
 def run(pipe: Pipeline, name: str, task: int) -> dict:

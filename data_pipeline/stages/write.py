@@ -67,7 +67,7 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
     from data_pipeline.stages.removals import removed_key
 
     r, stats = pipe.recipe, Stats()
-    dedup = np.load(io.BytesIO(pipe.work.read_bytes(removed_key(task), MAX_REMOVALS_BYTES)), allow_pickle=False)
+    dedup = np.load(io.BytesIO(pipe.work.read(removed_key(task), max_bytes=MAX_REMOVALS_BYTES)), allow_pickle=False)
     removed = dict(zip(dedup["idx"].tolist(), dedup["exact"].tolist()))
     bad = bad_ngrams(pipe)
     sig = load_sig(pipe, task) if len(bad) else None

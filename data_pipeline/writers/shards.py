@@ -6,7 +6,7 @@ sample is ``{__key__, tokens.npy, sentences.npy, json}``. Beside each shard ``NA
 ``NAME.idx.json`` records, per document, its token count, its sentence lengths and the byte offset
 and size of each of its members in the tar, so a loader reads any token range of any document with
 one byte-range read (decision 12) without opening the shard first. Shards and indexes appear whole
-or not at all (``data_pipeline/storage.py``: a local file is written under a temporary name, synced
+or not at all (``glm_common/storage.py``: a local file is written under a temporary name, synced
 and renamed; an object store's object is uploaded straight to its key and appears when the upload
 completes -- no copy-and-delete rename); ``manifest.json`` is written last and is the completion
 marker of the set: readers find the shards through it, never through a listing. The shards stay
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import webdataset as wds
 
-from data_pipeline.storage import AtomicFile, Store
+from glm_common.storage import AtomicFile, Storage
 
 INDEX_FORMAT = "glm-dist/shard-index/v1"
 TAR_BLOCK = 512  # a USTAR header, and the unit tar pads member data to
@@ -163,7 +163,7 @@ class ShardSetWriter:
         self._finish()
         name = f"{self.prefix or self.split}-{len(self.shards):04d}.tar"
         self.shards.append(ShardInfo(name, index=index_name(name)))
-        self._stream = AtomicFile(Store(self.root), name)
+        self._stream = AtomicFile(Storage(self.root), name)
         self._writer = wds.TarWriter(self._stream, mtime=0)  # fixed mtime: reproducible shards
         self._index = ShardIndex(name)
         self._size = 0
@@ -190,10 +190,10 @@ def _npy(array: np.ndarray) -> bytes:
 def write_bytes(url: str, data: bytes) -> None:
     """Write a small file whole or not at all (readers never see half of it)."""
     base = url.rstrip("/")
-    Store(posixpath.dirname(base) or ".").write_bytes(posixpath.basename(base), data)
+    Storage(posixpath.dirname(base) or ".").write_bytes(posixpath.basename(base), data)
 
 
 def write_manifest(root: str, manifest: dict) -> None:
     """The shard set's manifest, written last; what killed writers left goes first (``storage``)."""
-    Store(root).remove_orphans()
+    Storage(root).remove_orphans()
     write_bytes(f"{root}/manifest.json", json.dumps(manifest, indent=2).encode())

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from glm_common.storage import Storage
+from glm_dist.checkpoint.errors import checkpoint_storage
 from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES, CheckpointError, verify
 from glm_dist.checkpoint.shards import ShardIndex
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.config.checks import MODEL_OVERRIDES, check_ranges
 from glm_dist.config.loader import ConfigError
 from glm_dist.config.schema import Config, ModelConfig
@@ -36,7 +37,7 @@ MAX_COUNT = 1024  # n_layer, n_head, n_highway: modules are built one by one (GP
 def consolidated_state_dict(path: str | Path | Storage) -> tuple[dict[str, torch.Tensor], dict]:
     """fp32 model weights (and persistent buffers) of any checkpoint, under the one-process model's
     names, tied names included, + its meta.json."""
-    ckpt = path if isinstance(path, Storage) else Storage(path)
+    ckpt = checkpoint_storage(path)
     meta = verify(ckpt, only=lambda rel: "/" not in rel or READ_FOR_WEIGHTS.match(rel) is not None)
     _, model = saved_model(meta, ckpt)
     index = ShardIndex(ckpt, meta)
@@ -153,7 +154,7 @@ def checkpoint_tokenizer(path: str | Path | Storage):
     """The run's tokenizer, saved in the checkpoint (a local folder or a URL), read with a bound."""
     from tokenizers import Tokenizer
 
-    ckpt = path if isinstance(path, Storage) else Storage(path)
+    ckpt = checkpoint_storage(path)
     text = ckpt.read("tokenizer.json", max_bytes=MAX_TOKENIZER_BYTES)
     try:
         return Tokenizer.from_str(text.decode("utf-8"))

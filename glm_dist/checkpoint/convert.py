@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
+from glm_dist.checkpoint.errors import checkpoint_storage
 from glm_dist.checkpoint.files import (FORMAT, MAX_JSON_BYTES, CheckpointError, corrupt, load_tensors,
                                        parse_json)
 from glm_dist.checkpoint.shards import Shard, data_file, index_file
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.checkpoint.writer import hash_file
 
 OLD_FORMAT = 2
@@ -46,7 +47,7 @@ def convert(src: str | Path, out: str | Path) -> dict:
         shapes.update({str(k): tuple(v) for k, v in index["params"].items()})
         moments = sorted(set(moments) | set(index.get("moments") or []))
         step = index.get("step", step)
-    tmp = Storage(out.parent / f".tmp-{out.name}")
+    tmp = checkpoint_storage(out.parent / f".tmp-{out.name}")
     tmp.remove()
     entries, shards = {}, []
     tensors: dict[str, list[tuple[str, torch.Tensor]]] = {k: [] for k in ["fp32", *moments]}
@@ -74,7 +75,7 @@ def convert(src: str | Path, out: str | Path) -> dict:
                   files=dict(sorted(entries.items())))
     tmp.write_bytes("meta.json", json.dumps(record, indent=1).encode())  # last: the commit record
     tmp.fsync_tree()
-    Storage(out.parent).rename(tmp.name, out.name)
+    checkpoint_storage(out.parent).rename(tmp.name, out.name)
     return {"out": str(out), "step": record.get("step"), "parameters": len(shapes),
             "elements": sum(int(torch.Size(s).numel()) for s in shapes.values()), "moments": moments}
 

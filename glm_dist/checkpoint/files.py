@@ -21,15 +21,13 @@ import pickle
 import random
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from glm_dist.checkpoint.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from glm_dist.checkpoint.storage import Storage
+from glm_common.storage import Storage
+from glm_dist.checkpoint.errors import CheckpointError, checkpoint_storage
 
 # 1: pickled RNG and client state; 2: DeepSpeed's files + universal/ (both refused);
 # 3: sharded safetensors with global offsets, JSON state, SHA-256 per file block
@@ -189,9 +187,7 @@ def verify(ckpt: Storage | str | Path, *, share: tuple[int, int] = (0, 1),
     hash only the r-th of n equal shares of the bytes (ranks split the work; sizes are checked in
     full). ``only(rel)``: verify only those files (consolidation reads only the fp32 shards).
     Returns meta.json."""
-    from glm_dist.checkpoint.storage import Storage
-
-    ckpt = ckpt if isinstance(ckpt, Storage) else Storage(ckpt)
+    ckpt = checkpoint_storage(ckpt)
     meta = read_meta(ckpt)
     units = _units(meta, only)
     for rel, entry in sorted(meta["files"].items()):

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
 from glm_dist.checkpoint.files import MAX_JSON_BYTES, CheckpointError, corrupt, parse_json
-from glm_dist.checkpoint.storage import Storage
 
 TP = tuple  # (dim, parts, rank, size), or None for a tensor that is not split
 MERGE_GAP = 1 << 16  # read two pieces of a file at once when at most this many bytes lie between them

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint.files import BlockHasher, CheckpointError, corrupt
-from glm_dist.checkpoint.storage import Storage
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -59,13 +59,10 @@ def write(storage: Storage, rel: str, tensors: list[tuple[str, torch.Tensor]], *
     """Write ``tensors`` (contiguous CPU tensors) to ``rel``; returns its meta.json entry (size and
     block SHA-256s, computed while writing)."""
     hasher = BlockHasher()
-    f = storage.open_write(rel)
-    try:
+    with storage.open_write(rel) as f:
         for piece in [header_bytes(tensors, metadata)] + [_raw(t) for _, t in tensors]:
             f.write(piece)
             hasher.update(piece)
-    finally:
-        storage.close_write(f)
     return hasher.entry()
 
 

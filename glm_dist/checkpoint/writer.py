@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
 from glm_dist.checkpoint.files import MAX_JSON_BYTES, BlockHasher, entry_of, parse_json
-from glm_dist.checkpoint.storage import Storage
 
 DONE = ".done"
 POLL_S = 0.2

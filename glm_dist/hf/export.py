@@ -5,8 +5,8 @@ import tempfile
 from pathlib import Path
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
+from glm_dist.checkpoint.errors import checkpoint_storage
 from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.eval.run import load_checkpoint_model
 from glm_dist.families.registry import exported_module, family, resolve
 
@@ -21,7 +21,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:  # the checkpoint's tokenizer (local or remote) as a file
         tokenizer = Path(tmp) / "tokenizer.json"
         checkpoint_tokenizer(checkpoint)  # it parses (one line if not)
-        tokenizer.write_bytes(Storage(str(checkpoint)).read("tokenizer.json", max_bytes=MAX_TOKENIZER_BYTES))
+        tokenizer.write_bytes(checkpoint_storage(str(checkpoint)).read("tokenizer.json", max_bytes=MAX_TOKENIZER_BYTES))
         resolve(f"{spec.hf}:export_hf")(part.cfg, part.state_dict(), str(out_dir), tokenizer_file=str(tokenizer),
                                         profile=meta["config"]["data"]["tokenizer_profile"])
     return Path(out_dir)

@@ -50,11 +50,12 @@ from typing import Any
 
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint.consolidate import saved_model
+from glm_dist.checkpoint.errors import checkpoint_storage
 from glm_dist.checkpoint.files import (FORMAT, MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, CheckpointError, parse_json,
                                        read_meta, rng_state, set_rng_state, verify)
 from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.checkpoint.writer import DONE, AsyncSave, RankFiles, failure, hash_file
 from glm_dist.parallel import comm, fragments
 from glm_dist.parallel.distributed import DistInfo
@@ -74,7 +75,7 @@ def step_of(path) -> int:
 
 class CheckpointManager:
     def __init__(self, root: str | Path, dist: DistInfo, *, keep_last: int = 0, keep_every: int = 0):
-        self.storage, self.dist = Storage(root), dist
+        self.storage, self.dist = checkpoint_storage(root), dist
         self.root = self.storage  # kept for messages: str(self.root) is the folder or URL
         self.keep_last, self.keep_every = keep_last, keep_every
         self.pending: AsyncSave | None = None
@@ -87,7 +88,7 @@ class CheckpointManager:
     def complete(self) -> list[Storage]:
         """Complete checkpoints (meta.json written), highest step first."""
         names = [n for n in self.storage.listdir() if STEP.match(n)]
-        done = [self.storage.sub(n) for n in names if self.storage.exists(f"{n}/meta.json")]
+        done = [self.storage.child(n) for n in names if self.storage.exists(f"{n}/meta.json")]
         return sorted(done, key=step_of, reverse=True)
 
     def latest(self) -> Storage | None:
@@ -95,7 +96,7 @@ class CheckpointManager:
         if not self.storage.isfile("latest"):
             return None
         text = self.storage.read("latest", max_bytes=64).decode("utf-8", "replace").strip()
-        return self.storage.sub(text) if STEP.match(text) else None
+        return self.storage.child(text) if STEP.match(text) else None
 
     def candidates(self) -> list[Storage]:
         """What ``resume=auto`` tries, in order: the one ``latest`` names, then by step."""
@@ -118,7 +119,7 @@ class CheckpointManager:
         if resume == "auto":
             path, skipped = self._newest_verified()
         else:
-            path = Storage(resume)
+            path = checkpoint_storage(resume)
             if not path.isdir():
                 raise CheckpointError(f"train.resume={resume}: {path} is not a directory; pass a checkpoint "
                                       f"directory (…/checkpoints/step_N), 'auto' or 'none'")
@@ -244,7 +245,7 @@ class CheckpointManager:
 
         def capture() -> None:
             if deepspeed_files:  # collective: every rank first
-                engine.save_checkpoint(staging.path, tag=DS_TAG, client_state={}, save_latest=False)
+                engine.save_checkpoint(staging.root, tag=DS_TAG, client_state={}, save_latest=False)
             fragments.link_moments(engine)
             # persistent buffers: the same on every data- and tensor-parallel rank of a pipeline stage,
             # so one rank per stage writes its stage's (a buffer lives on one stage)
@@ -268,7 +269,7 @@ class CheckpointManager:
         self.last_save = {"step": step, "blocking_s": time.perf_counter() - t0, "bytes": files.nbytes()}
         if wait:
             self.wait()
-        return self.storage.sub(name)
+        return self.storage.child(name)
 
     def _staging(self, name: str) -> Storage:
         """Where this run writes save ``name`` before it is committed: locally ``.tmp-<name>.<run>``,
@@ -281,7 +282,7 @@ class CheckpointManager:
             raise CheckpointError(error)
         if not self._run:  # one name on every rank, unique to this run
             self._run = comm.broadcast_bytes(secrets.token_hex(6).encode() if self.dist.is_main else None).decode()
-        return self.storage.sub(f".tmp-{name}.{self._run}" if self.storage.local else name)
+        return self.storage.child(f".tmp-{name}.{self._run}" if self.storage.local else name)
 
     def _start(self, staging: Storage) -> None:
         if self.dist.is_main:
@@ -363,7 +364,7 @@ class CheckpointManager:
             staging.fsync_tree()
             self.storage.rename(staging.name, name)
         self.head = save_id(data)
-        self.storage.write_atomic("latest", name.encode())
+        self.storage.write_bytes("latest", name.encode())
         self.rotate()
 
     def wait(self) -> None:
@@ -463,8 +464,8 @@ def _kinds(piece) -> list[str]:
 def _read_small(location: str) -> bytes:
     """A file of the run (the tokenizer), local or remote, bounded (a local one through its real
     path: the user's own file may be a symlink)."""
-    storage = Storage(location)
-    storage, name = (Storage(os.path.realpath(storage.url)) if storage.local else storage).parent_and_name()
+    storage = checkpoint_storage(location)
+    storage, name = (checkpoint_storage(os.path.realpath(storage.url)) if storage.local else storage).parent_and_name()
     return storage.read(name, max_bytes=MAX_TOKENIZER_BYTES)
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
 from glm_dist.checkpoint.files import CheckpointError
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.checkpoint.writer import RankFiles
 
 DIR = "stream_memory"

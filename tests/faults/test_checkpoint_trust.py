@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
 from glm_dist.checkpoint.consolidate import consolidated_state_dict
+from glm_dist.checkpoint.errors import checkpoint_storage
 from glm_dist.checkpoint.files import FORMAT, CheckpointError, verify
 from glm_dist.checkpoint.shards import ShardIndex
-from glm_dist.checkpoint.storage import Storage
 from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
 from glm_dist.parallel.distributed import DistInfo
@@ -86,7 +87,7 @@ def tensors_by_offset(header: dict) -> list[str]:
 
 # -- 3: tensor files are parsed as untrusted input ----------------------------------------------------------
 def test_overlapping_gapped_or_out_of_file_offsets_are_refused(tmp_path):
-    storage = Storage(tmp_path)
+    storage = checkpoint_storage(tmp_path)
     tensorfile.write(storage, "x.safetensors", [("a", torch.arange(4.0)), ("b", torch.arange(4.0) + 10)])
     path = tmp_path / "x.safetensors"
     good = path.read_bytes()
@@ -116,7 +117,7 @@ def test_a_shard_of_another_dtype_or_shape_than_its_index_says_is_refused(edit, 
     refresh_meta(ckpt)
     with pytest.raises(CheckpointError, match=message):
         consolidated_state_dict(ckpt)
-    index = ShardIndex(Storage(ckpt), verify(ckpt))
+    index = ShardIndex(checkpoint_storage(ckpt), verify(ckpt))
     shard = next(s for s, rel, k in index.by_key[(key.rsplit("@", 1)[0], "fp32")] if k == key)
     with pytest.raises(CheckpointError, match=message):
         index.read(shard, torch.empty(shard.length))
@@ -132,7 +133,7 @@ def test_an_index_claiming_more_elements_than_its_file_holds_allocates_nothing(c
     index_path.write_text(json.dumps(index))
     refresh_meta(ckpt)
     with pytest.raises(CheckpointError, match=r"rank00000.fp32.safetensors is corrupt .* fewer than the \d+ its index"):
-        ShardIndex(Storage(ckpt), verify(ckpt))
+        ShardIndex(checkpoint_storage(ckpt), verify(ckpt))
     first.update(shape=[2**40], length=1)
     index_path.write_text(json.dumps(index))
     refresh_meta(ckpt)
@@ -182,7 +183,7 @@ def test_a_file_name_leading_out_of_the_checkpoint_is_refused_before_it_is_read(
     meta = json.loads((ckpt / "meta.json").read_text())
     meta["files"][name] = {"size": 6000, "sha256": hashlib.sha256(outside.read_bytes()).hexdigest()}
     (ckpt / "meta.json").write_text(json.dumps(meta))
-    storage = Storage(ckpt)
+    storage = checkpoint_storage(ckpt)
     with pytest.raises(CheckpointError, match="not a relative name inside the checkpoint folder"):
         verify(storage)
     assert storage.bytes_read["verify"] == 0
@@ -194,7 +195,7 @@ def test_a_symlink_leading_out_of_the_checkpoint_is_refused(ckpt):
     (ckpt / "client_state.json").unlink()
     (ckpt / "client_state.json").symlink_to(outside)
     refresh_meta(ckpt)
-    storage = Storage(ckpt)
+    storage = checkpoint_storage(ckpt)
     with pytest.raises(CheckpointError, match="leads outside"):
         verify(storage)
     assert storage.bytes_read["verify"] == 0
@@ -231,7 +232,7 @@ def test_a_fifo_named_meta_json_is_skipped_by_auto_resume_not_waited_on(run2, tm
     assert finished, "auto-resume blocked on a FIFO"
     assert isinstance(result, Storage) and result.name == "step_00000002", result
     with pytest.raises(CheckpointError, match="is not a regular file \\(a FIFO\\)"):
-        Storage(_fifo(root).parent).read("meta.json", max_bytes=100)
+        checkpoint_storage(_fifo(root).parent).read("meta.json", max_bytes=100)
 
 
 def _fifo(root: Path) -> Path:
@@ -244,7 +245,7 @@ def test_publishing_never_replaces_a_committed_step_folder(ckpt, tmp_path):
     (other / "client_state.json").write_text('{"mine": "run B"}')
     before = (ckpt / "client_state.json").read_bytes()
     with pytest.raises(CheckpointError, match="already exists and is never replaced"):
-        Storage(tmp_path).rename("other", ckpt.name)
+        checkpoint_storage(tmp_path).rename("other", ckpt.name)
     assert (ckpt / "client_state.json").read_bytes() == before and other.exists()
     manager = CheckpointManager(tmp_path, DistInfo(0, 1, 0))
     with pytest.raises(CheckpointError, match="step_00000002 already exists"):
@@ -261,10 +262,10 @@ def test_a_save_leaves_another_process_unfinished_save_alone(tmp_path):
     manager = CheckpointManager(root, DistInfo(0, 1, 0))
     staging = manager._staging("step_00000004")
     manager._start(staging)
-    assert Path(staging.path).is_dir() and Path(staging.path) != theirs
+    assert Path(staging.root).is_dir() and Path(staging.root) != theirs
     with pytest.raises(CheckpointError, match="disk full"):
         manager._fail("disk full", staging)
-    assert not Path(staging.path).exists()
+    assert not Path(staging.root).exists()
     assert (theirs / "shards/rank00000.fp32.safetensors").read_bytes() == b"half written by run B"
 
 
