@@ -186,8 +186,12 @@ def _vocab_plans() -> dict[type, VocabPlan]:
 
 
 def _plan_of(module: nn.Module, plans: dict):
-    """The plan of ``module``'s class (or a base's) in ``plans``, else the one its class carries."""
-    return next((plans[c] for c in type(module).__mro__ if c in plans), getattr(module, "VOCAB_PLAN", None))
+    return next((plans[c] for c in type(module).__mro__ if c in plans), None)
+
+
+def _vocab_plan_of(module: nn.Module, plans: dict[type, VocabPlan]) -> VocabPlan | None:
+    """A family's plan for ``module``'s class, else the one a pipeline stage module carries."""
+    return _plan_of(module, plans) or getattr(module, "VOCAB_PLAN", None)
 
 
 def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | None:
@@ -197,14 +201,14 @@ def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | N
     embeddings: dict[int, VocabParallelEmbedding] = {}  # id(whole weight) -> its split
     modules = list(model.modules())
     for module in modules:
-        plan = _plan_of(module, plans)
+        plan = _vocab_plan_of(module, plans)
         if plan is not None and plan.embedding and not isinstance(_get(module, plan.embedding), VocabParallelEmbedding):
             full = _get(module, plan.embedding)
             embeddings[id(full.weight)] = split_emb = VocabParallelEmbedding(full, rank, size, group)
             _set(module, plan.embedding, split_emb)
             split = split_emb.split
     for module in modules:
-        plan = _plan_of(module, plans)
+        plan = _vocab_plan_of(module, plans)
         for path in plan.outputs if plan else ():
             full = _get(module, path)
             if id(full.weight) not in embeddings:
@@ -224,7 +228,7 @@ def vocab_parameters(model: nn.Module) -> list[nn.Parameter]:
     outputs share them), the outputs' biases and vocabulary-sized biases."""
     plans, out = _vocab_plans(), {}
     for module in model.modules():
-        plan = _plan_of(module, plans)
+        plan = _vocab_plan_of(module, plans)
         if plan is None:
             continue
         found = [_get(module, plan.embedding).weight] if plan.embedding else []
