@@ -1,5 +1,6 @@
 """Data mixtures (issue 32): the blended order keeps every loader guarantee, the weights follow
-GPT-3's and T5's rules, and a malformed mixture is one line.
+GPT-3's and T5's rules, a malformed mixture is one line, and a run accounts for each source (its
+train loss, its validation metrics, its tokens and epochs in the data card).
 
 The sources are real text: the session's 500 pydoc documents (conftest ``corpus``) cut into three
 JSONL files of different sizes, tokenized as data.mixture's ``source`` entries -- the first trains
@@ -26,9 +27,11 @@ from glm_dist.config.schema import DataConfig
 from glm_dist.data import mix_report
 from glm_dist.data.loader import Loader, validation_batches
 from glm_dist.data.mixture import BlendedIndex, Mixture, build_missing, resolve_mixture, scaled_weights
+from glm_dist.eval.run import evaluate_checkpoint, load_checkpoint_model
 from glm_dist.data.shards import ShardSetError
 from glm_dist.errors import GlmError
-from tests.conftest import ROOT, TINY, clean_env
+from glm_dist.train.loop import read_metrics
+from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm
 
 CUTS = {"crawl": (0, 300), "books": (300, 430), "wiki": (430, 500)}  # documents of the corpus per source
 WEIGHTS = {"crawl": 0.6, "books": 0.3, "wiki": 0.1}
@@ -275,3 +278,79 @@ def test_sources_with_other_tokenizers_or_no_training_tokens_are_refused(mix, tm
 def test_xlnet_streams_from_a_mixture_are_refused(mix):
     with pytest.raises(GlmError, match="cannot feed XLNet's streams"):
         loader(mix[2], streams=True)
+
+
+RUN = [*FAST, "model.vocab_size=2048", "train.max_steps=4", "train.grad_accum_steps=2", "train.eval_interval=2",
+       "train.eval_batches=2", "train.save_interval=0", "logging.log_interval=1"]  # global batch 8 of 64 tokens
+
+
+@pytest.fixture(scope="module")
+def mixture_run(mix, tmp_path_factory):
+    """(the run's config file, its out_dir): the tiny GPT trained 4 steps on the three sources."""
+    _, data, _ = mix
+    root = tmp_path_factory.mktemp("mixrun")
+    config = root / "mix.yaml"
+    config.write_text(json.dumps({"base": TINY, "data": {"mixture": data.mixture}}))
+    run_glm(["train", "-c", str(config), *RUN, f"train.out_dir={root / 'out'}"])
+    return config, root / "out"
+
+
+def test_train_loss_per_source_weighted_by_its_tokens_is_the_steps_loss(mix, mixture_run):
+    """Every step (log_interval 1): the sources that gave rows have ``loss/<source>``, the others
+    none, and their mean weighted by the tokens each predicted (its rows x 64: packed CLM) is the
+    logged loss."""
+    _, _, mixture = mix
+    rows = read_metrics(mixture_run[1])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        sources, _ = mixture.blend.assign((row["step"] - 1) * 8, 8)
+        tokens = np.bincount(sources, minlength=3) * 64
+        assert [f"loss/{n}" in row for n in mixture.names] == [bool(t) for t in tokens], row
+        weighted = sum(t * row[f"loss/{n}"] for n, t in zip(mixture.names, tokens) if t) / tokens.sum()
+        assert weighted == pytest.approx(row["loss"], rel=1e-6)
+
+
+def test_validation_per_source_matches_its_own_split_and_glm_eval(mix, mixture_run):
+    """Each validation row has loss, perplexity and bits per byte per source, and the mixture's
+    loss is their mean under the mixture weights; the last row's wiki loss is the checkpoint's NLL
+    on wiki's validation split computed here directly, and glm eval gives the same per-source rows."""
+    _, _, mixture = mix
+    config, out = mixture_run
+    val = read_metrics(out, "val")
+    assert [r["step"] for r in val] == [0, 2, 4]
+    for row in val:
+        for key in ("loss", "perplexity", "bits_per_byte"):
+            assert all(f"val_{key}/{n}" in row for n in mixture.names), row
+        losses = [row[f"val_loss/{n}"] for n in mixture.names]
+        assert row["val_loss"] == pytest.approx(float(np.dot(mixture.weights, losses)), rel=1e-9)
+    model, _ = load_checkpoint_model(out / "checkpoints/step_00000004")
+    nll = count = 0.0
+    for batch, _ in validation_batches(mixture.shards_dirs[2], seq_len=64, micro_batch_size=4, num_batches=2):
+        with torch.no_grad():
+            logits = model(batch["input_ids"])
+        nll += torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum")
+        count += int((batch["labels"] != -100).sum())
+    assert val[-1]["val_loss/wiki"] == pytest.approx(float(nll) / count, rel=1e-5)
+    result = evaluate_checkpoint(load_config(config, RUN), out / "checkpoints/step_00000004")
+    for key in ("loss", *(f"{k}/{n}" for k in ("loss", "bits_per_byte", "tokens") for n in mixture.names)):
+        assert result[key] == pytest.approx(val[-1][f"val_{key}"], rel=1e-5), key
+
+
+def test_data_card_holds_each_sources_tokens_and_epochs(mix, mixture_run):
+    _, _, mixture = mix
+    card = json.loads((mixture_run[1] / "data_card.json").read_text())
+    drawn = mixture.drawn(4 * 8, 64)
+    assert [s["name"] for s in card["sources"]] == list(mixture.names) and card["step"] == 4
+    for source, size, weight in zip(card["sources"], mixture.sizes, mixture.weights):
+        expected = drawn[source["name"]]
+        assert (source["tokens"], source["epochs"]) == (expected["tokens"], expected["epochs"])
+        assert (source["tokens_available"], source["weight"]) == (size, weight)
+    assert sum(s["tokens"] for s in card["sources"]) == card["tokens"] == 4 * 8 * 64
+
+
+def test_a_run_on_one_shard_set_logs_nothing_per_source(mix, tmp_path):
+    run_glm(["train", "-c", TINY, *RUN, "train.max_steps=2", "train.eval_batches=1",
+             f"data.shards_dir={mix[2].shards_dirs[0]}", f"train.out_dir={tmp_path}"])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in rows} >= {"train", "val"}
+    assert not [k for r in rows for k in r if "/" in k] and not (tmp_path / "data_card.json").exists()

@@ -87,7 +87,8 @@ for combo in combos:
     print("RESULT" + json.dumps({
         "combo": combo, "syncs": reads.count / 2, "same": same,
         "skipped": before[1] == after[1] and all(torch.equal(before[0][k], after[0][k]) for k in before[0]),
-        "norm": None if norm is None else float(norm)}), flush=True)
+        "norm": None if norm is None else float(norm),
+        "source_tokens": sum(tokens for _, tokens in checked._source_sums)}), flush=True)
 """
 
 
@@ -98,9 +99,24 @@ def results(shards_dir, tmp_path_factory) -> dict[tuple[str, int], dict]:
     return results_by_combo(SCRIPT, [TINY, json.dumps(overrides), shards_dir, str(root)], COMBOS)
 
 
+@pytest.fixture(scope="module")
+def mixture_results(shards_dir, tmp_path_factory) -> dict:
+    """The same steps on a data mixture (the shard set under two names, each drawn in its own order)."""
+    root = tmp_path_factory.mktemp("syncs-mixture")
+    mixture = [{"name": name, "shards_dir": shards_dir, "weight": 0.5} for name in ("a", "b")]
+    overrides = [*FAST, "train.grad_accum_steps=2", "train.max_steps=10", f"data.mixture={json.dumps(mixture)}"]
+    return results_by_combo(SCRIPT, [TINY, json.dumps(overrides), shards_dir, str(root)], [("fp32", 0)])["fp32", 0]
+
+
 @pytest.mark.parametrize("precision,zero", COMBOS)
 def test_an_optimizer_step_makes_one_host_sync(precision, zero, results):
     assert results[precision, zero]["syncs"] == 1, results[precision, zero]
+
+
+def test_a_mixtures_train_loss_per_source_rides_the_steps_one_sync(mixture_results):
+    """Its per-source sums go in the step's all-reduce: still one host sync, and the sums counted
+    every token of the 6 steps (8 rows of 64 a step; no log line between, logging.log_interval 10)."""
+    assert mixture_results["syncs"] == 1 and mixture_results["source_tokens"] == 6 * 8 * 64, mixture_results
 
 
 @pytest.mark.parametrize("precision,zero", COMBOS)

@@ -46,6 +46,44 @@ def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengt
     return objective.report(totals)
 
 
+def evaluate_sources(run: Callable[[list], dict], batches: list[tuple[dict, float]], *, names: tuple[str, ...],
+                     weights: tuple[float, ...]) -> dict[str, float]:
+    """A data mixture's validation: ``run`` (batches -> the objective's report) over each source's own
+    validation batches (``validation_batches`` of a mixture: every batch one source's, its rows tagged
+    ``source``), each metric per source as ``<metric>/<source>``, and the mixture's figure under the
+    plain names (``mixture_report``). Every rank runs the same sources in the same order."""
+    groups: list[list] = [[] for _ in names]
+    for batch, weight in batches:
+        groups[int(batch["source"][0])].append((batch, weight))
+    per_source = {name: run(group) for name, group in zip(names, groups)}
+    return {**mixture_report(list(per_source.values()), weights),
+            **{f"{k}/{name}": v for name, report in per_source.items() for k, v in report.items()}}
+
+
+def mixture_report(reports: list[dict[str, float]], weights: tuple[float, ...]) -> dict[str, float]:
+    """The mixture's validation figure from its sources' reports: the mean over a token drawn as the
+    run draws them -- each source's per-token metrics weighted by its mixture weight (the share of
+    the training tokens it gives), so loss = sum_s w_s loss_s, perplexity = exp(loss), bits per byte
+    = sum_s w_s nll_s / (ln 2 sum_s w_s bytes_s), both per token (a harmonic mean of the sources'),
+    and ``tokens`` the sum. Not the pooled mean over the validation sets: their sizes (data.eval_batches
+    each, or a smaller held-out split) say nothing about the mixture, and a pooled figure would move
+    with them. The sources' own figures stand beside it, as Pythia (per Pile subset) and OLMo (per
+    Paloma domain) report theirs; this one is the train loss's validation counterpart."""
+    out = {}
+    for key in reports[0]:
+        values = [r[key] for r in reports]
+        if key == "tokens":
+            out[key] = sum(values)
+        elif key == "bits_per_byte":  # bytes per token of source s: loss_s / (ln 2 bpb_s)
+            per_byte = sum(w * r["loss"] / r[key] for w, r in zip(weights, reports) if r[key])  # ln 2 x bytes/token
+            out[key] = sum(w * r["loss"] for w, r in zip(weights, reports)) / per_byte if per_byte else 0.0
+        elif key != "perplexity":
+            out[key] = sum(w * v for w, v in zip(weights, values))
+    if "perplexity" in reports[0]:
+        out["perplexity"] = math.exp(min(out["loss"], 50))
+    return out
+
+
 def sliding_windows(num_tokens: int, *, context: int, stride: int) -> list[tuple[int, int, int]]:
     """Windows over ``x = [prefix] + tokens`` for documents longer than the context (GPT-2's LM
     benchmarks; lm-eval's ``loglikelihood_rolling``): each ``(start, end, scored)`` reads

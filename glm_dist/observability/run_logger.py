@@ -1,7 +1,10 @@
 """Rank-0 run logging: ``metrics.jsonl`` (every step), a progress bar, and Weights & Biases.
 
 A train row at a log line (``logging.log_interval``) on a GPU also carries the device memory
-readings of ``device_memory.py``; the progress bar keeps showing the latest ones.
+readings of ``device_memory.py``; the progress bar keeps showing the latest ones. A data mixture's
+rows also carry each source's tokens and epochs drawn, its train loss at log lines (``loss/<source>``)
+and its validation metrics (``val_<metric>/<source>``, beside the mixture's); the run keeps a data
+card of its sources (``data_card.json``).
 
 W&B is offline unless an API key is set (``logging.wandb_mode: auto``); the run id is kept in
 ``<out_dir>/wandb_run_id`` so a resumed job continues the same W&B run.
@@ -107,7 +110,9 @@ class RunLogger:
                         ("bits_per_byte", "accuracy", "sentence_accuracy", "replaced_accuracy") if k in metrics)
         # no perplexity where the loss is no likelihood (GloVe's least squares reports none)
         ppl_text = f", perplexity {metrics['perplexity']:.2f}" if "perplexity" in metrics else ""
-        self.message(f"step {step}: validation loss {metrics['loss']:.4f}{ppl_text}{extra}")
+        sources = "; ".join(f"{k[len('loss/'):]} {v:.4f}" for k, v in metrics.items() if k.startswith("loss/"))
+        self.message(f"step {step}: validation loss {metrics['loss']:.4f}{ppl_text}{extra}"
+                     + (f" (the mixture's; per source: {sources})" if sources else ""))
         if self.wandb_run is not None:
             self.wandb_run.log({f"val/{k}": v for k, v in metrics.items()}, step=step)
 
@@ -123,6 +128,22 @@ class RunLogger:
                          f"each rank's log names the shards")
         if self.wandb_run is not None:
             self.wandb_run.log({f"data/{k}": v for k, v in counts.items()}, step=step)
+
+    def data_card(self, card: dict) -> None:
+        """The run's data card, ``<out_dir>/data_card.json`` (a mixture's sources: what each holds, its
+        weight, the tokens the run has drawn from it and the epochs that makes), rewritten at each
+        checkpoint; in W&B the file and the summary's ``data/tokens/<source>`` and ``data/epochs/<source>``."""
+        if not self.is_main:
+            return
+        path = self.out_dir / "data_card.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(redact(card), indent=2) + "\n")
+        tmp.replace(path)  # a reader never sees half a card
+        if self.wandb_run is not None:
+            self.wandb_run.save(str(path), base_path=str(self.out_dir), policy="live")
+            for source in card["sources"]:
+                for key in ("tokens", "epochs"):
+                    self.wandb_run.summary[f"data/{key}/{source['name']}"] = source[key]
 
     def tasks(self, step: int, metrics: dict | None) -> None:
         """An in-loop lm-eval evaluation (``eval/in_loop.py``): a ``tasks`` row and W&B's ``tasks/...``."""

@@ -24,6 +24,9 @@ vocabulary this tensor rank owns (``parallel/tensor.py``). Each chunk's row maxi
 its own columns of softmax - one-hot. ``predicted`` is the matching argmax. Outside a split
 nothing is communicated.
 
+Per-group sums (``row_groups``): inside the block each loss also adds its per-token NLL and count
+by the group of each token's batch row -- a data mixture's per-source train loss from the same pass.
+
 A padded vocabulary (Megatron's ``make-vocab-size-divisible-by``: GPT-2's 50257 rows stored as 50304
 so the output matmuls get tensor-core-friendly shapes): inside ``vocab_padding(columns)`` the last
 ``columns`` of the whole vocabulary are padding. Their logits are set to -inf before every softmax,
@@ -149,6 +152,40 @@ def real_logits(logits: torch.Tensor) -> torch.Tensor:
     split = _active(logits.shape[-1])
     real = _real_width(logits.shape[-1], split)
     return _mask_padding(logits, real) if split is not None else logits[..., :real]
+
+
+_groups: tuple[torch.Tensor, torch.Tensor] | None = None  # (row groups (B,), their sums (G, 2)): ``row_groups``
+
+
+@contextlib.contextmanager
+def row_groups(groups: torch.Tensor, num_groups: int) -> Iterator[torch.Tensor]:
+    """Inside the block every loss of this module also adds its per-token NLL and predicted-token
+    count into the (num_groups, 2) float64 tensor it yields -- [summed NLL, tokens] per group -- by
+    the group of the batch row each token is in (``groups``: (B,) ids in ``[0, num_groups)``, on the
+    loss's device). The per-token NLL exists already (the summed loss is its sum), so this costs an
+    index_add over the rows and no host sync: a data mixture's train loss per source (train/loop.py).
+    A loss's tokens must be batch-major -- B rows of N / B tokens each, as (B, T) labels and (B, K)
+    masked positions flatten; a loss over another layout is refused."""
+    global _groups
+    sums = torch.zeros(num_groups, 2, dtype=torch.float64, device=groups.device)
+    before, _groups = _groups, (groups, sums)
+    try:
+        yield sums
+    finally:
+        _groups = before
+
+
+def _add_to_groups(rows: torch.Tensor, valid: torch.Tensor) -> None:
+    """(N,) per-token NLL (0 where not predicted) and (N,) predicted flags into ``row_groups``' sums."""
+    if _groups is None:
+        return
+    groups, sums = _groups
+    if rows.numel() % groups.numel():
+        raise ValueError(f"a loss over {rows.numel()} tokens inside row_groups of {groups.numel()} batch rows: "
+                         f"its tokens are not batch-major")
+    per_row = torch.stack([rows.detach().view(groups.numel(), -1).sum(1, dtype=torch.float64),
+                           valid.view(groups.numel(), -1).sum(1, dtype=torch.float64)], dim=1)  # (B, 2)
+    sums.index_add_(0, groups, per_row)
 
 
 class LinearCE(NamedTuple):
@@ -386,6 +423,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     grads = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (h, w, b))
     with torch.autocast(hidden.device.type, enabled=False):
         nll, rows = _LinearCrossEntropy.apply(h, w, b, t, max(1, chunk), ignore_index, grads, split, compiled)
+    _add_to_groups(rows, t != ignore_index)
     return LinearCE(nll, rows, (t != ignore_index).sum())
 
 
@@ -430,6 +468,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: 
     t = targets.reshape(-1)
     rows = _CrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), t, max(1, chunk_tokens), ignore_index,
                                _active(logits.shape[-1]))
+    _add_to_groups(rows, t != ignore_index)
     if reduction == "none":
         return rows.view(targets.shape)
     if reduction == "sum":

@@ -24,14 +24,14 @@ from glm_dist.data.shared import TensorShared
 from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.mixture import run_mixture
 from glm_dist.data.prepare import ensure_shards, run_shards_dir
-from glm_dist.eval.perplexity import byte_length_table, evaluate
+from glm_dist.eval.perplexity import byte_length_table, evaluate, evaluate_sources
 from glm_dist.models.common import count_parameters
 from glm_dist.families.registry import build_model, family, resolve
 from glm_dist.objectives.base import to_device
 from glm_dist.objectives.registry import get_objective, options_from_config
 from glm_dist.observability.device_memory import device_memory
 from glm_dist.observability.flops import mfu_peak
-from glm_dist.ops.cross_entropy import vocab_split
+from glm_dist.ops.cross_entropy import row_groups, vocab_split
 from glm_dist.observability.plots import plot_loss_curve
 from glm_dist.observability.run_logger import RunLogger
 from glm_dist.checkpoint.consolidate import saved_layout
@@ -137,6 +137,7 @@ class Trainer:
                                    own_loader=bool(getattr(self.objective, "loader", None)),
                                    where=source_of(cfg, "data.mixture"))
         data = self.mixture or cfg.data.shards_dir  # what the loaders read: the mixture's sources or one shard set
+        self._source_sums = [[0.0, 0.0] for _ in (self.mixture.names if self.mixture else ())]  # _source_losses
         loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective, self.model_cfg),
                            streams=self.memory is not None,
                            seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
@@ -289,7 +290,7 @@ class Trainer:
             raise
         self._write_memory()
         summary = {**{f"val_{k}_before": before[k] for k in ("loss", "perplexity") if k in before},
-                   **{f"val_{k}": v for k, v in after.items() if k != "tokens"}, **asdict(self.state)}
+                   **{f"val_{k}": v for k, v in after.items() if k.split("/")[0] != "tokens"}, **asdict(self.state)}
         metric = "perplexity" if "perplexity" in after else "loss"  # GloVe's loss is no likelihood
         digits = 2 if metric == "perplexity" else 4
         self.log.message(f"validation {metric}: {before[metric]:.{digits}f} before -> "
@@ -337,15 +338,20 @@ class Trainer:
     def _accumulate_and_step(self, batches: list[dict]) -> tuple[float, bool]:
         dev = self.engine.device
         stats = torch.zeros(3, dtype=torch.float64, device=dev)  # [loss sum, non-finite losses, stop]
+        per_source = None  # a mixture's (sources, 2) [NLL sum, tokens]: reduced in the same all-reduce
         for i, batch in enumerate(batches):
             rows = batch.pop("rows", None)
             batch = to_device(batch, dev)
             if self.memory is not None:
                 batch["mems"] = self.memory.take(rows, dev)
-            with self.autocast, vocab_split(self.vocab_split):
+            groups = (row_groups(batch.pop("source"), len(self.mixture.names)) if self.mixture is not None
+                      else contextlib.nullcontext())
+            with self.autocast, vocab_split(self.vocab_split), groups as sums_by_source:
                 loss, sums = self.objective.loss(self.engine, batch, metrics=False)
             if self.memory is not None:
                 self.memory.put(rows, sums["mems"])
+            if sums_by_source is not None:
+                per_source = sums_by_source if per_source is None else per_source + sums_by_source
             stats[0] += loss.detach().double()
             stats[1] += (~torch.isfinite(loss.detach())).double()
             self.engine.backward(loss)
@@ -353,13 +359,23 @@ class Trainer:
                 stats[2] = float(self.stop.received is not None)
                 pending = self._pending[2] if self._pending else None  # the previous step's grad norm
                 extra = [pending.detach().reshape(1).to(stats)] if torch.is_tensor(pending) else []
-                loss_sum, bad, stop, *norm = torch.cat([comm.all_reduce_(stats), *extra]).tolist()  # the one host sync
-                self._flush_log(*norm)  # the previous step's row, its grad norm read in the same sync
+                reduced = comm.all_reduce_(stats if per_source is None else torch.cat([stats, per_source.flatten()]))
+                loss_sum, bad, stop, *rest = torch.cat([reduced, *extra]).tolist()  # the one host sync
+                if per_source is not None:
+                    self._add_source_sums(rest[:per_source.numel()])
+                    rest = rest[per_source.numel():]
+                self._flush_log(*rest)  # the previous step's row, its grad norm read in the same sync
                 self.optimizer.skip_next = bad > 0  # read by the optimizer step at the boundary
             self.engine.step()
         self.optimizer.skip_next = False
         self.stop_agreed = stop > 0
         return loss_sum / (len(batches) * self.dist.world_size), bad > 0
+
+    def _add_source_sums(self, flat: list[float]) -> None:
+        """A step's all-reduced per-source [NLL sum, tokens], added to those since the last log line."""
+        for sums, nll, tokens in zip(self._source_sums, flat[0::2], flat[1::2]):
+            sums[0] += nll
+            sums[1] += tokens
 
     def _write_memory(self) -> None:
         """This rank's measured model-state bytes (``glm plan`` predicts them; tests compare)."""
@@ -404,8 +420,22 @@ class Trainer:
             metrics.update({f"{k}/{name}": row[k] for name, row in drawn.items() for k in ("tokens", "epochs")})
         if self.state.step % self.cfg.logging.log_interval == 0:  # the peaks since the last log line
             metrics.update(device_memory(self.engine.device) or {})
+            metrics.update(self._source_losses())
         self._flush_log()
         self._pending = (self.state.step, metrics, self.engine.get_global_grad_norm())
+
+    def _source_losses(self) -> dict[str, float]:
+        """``loss/<source>``: a mixture's train loss per source over the steps since the last log line
+        (per predicted token; a source no row of those steps came from is left out), then reset. Taken
+        from the same per-token NLL as the loss (ops/cross_entropy.py row_groups), so over one step the
+        sources' losses weighted by their predicted tokens give the step's loss where every micro batch
+        predicts as many tokens (packed CLM). Objectives with a loss beside the token one (ELECTRA's
+        replaced-token detection, NSP/SOP's sentence loss) report their token-level LM part here. A
+        pipelined run, whose last stage's loss never sees the rows' sources, reports none."""
+        out = {f"loss/{name}": nll / tokens for name, (nll, tokens) in zip(self.mixture.names, self._source_sums)
+               if tokens} if self.mixture is not None else {}
+        self._source_sums = [[0.0, 0.0] for _ in self._source_sums]
+        return out
 
     def _flush_log(self, grad_norm: float | None = None) -> None:
         """Write the queued row; ``grad_norm``: its grad norm when the step's sync has read it already."""
@@ -418,22 +448,31 @@ class Trainer:
             self.log.train_step(step, metrics)
 
     def validate(self) -> dict:
+        """The validation metrics (a mixture: per source and the mixture's, eval/perplexity.py
+        evaluate_sources), logged."""
         self._flush_log()
         self._log_reads()
+        if self.mixture is not None:
+            metrics = evaluate_sources(self._evaluate, self.val_batches, names=self.mixture.names,
+                                       weights=self.mixture.weights)
+        else:
+            metrics = self._evaluate(self.val_batches)
+        self.log.validation(self.state.step, metrics)
+        return metrics
+
+    def _evaluate(self, batches: list[tuple[dict, float]]) -> dict:
         if self.pipelined:
             from glm_dist.parallel.pipeline import pipeline_validate
 
-            metrics = pipeline_validate(self.engine, self.val_batches, self.byte_lengths, self.objective)
+            metrics = pipeline_validate(self.engine, batches, self.byte_lengths, self.objective)
             metrics["tokens"] //= self.topo.pipeline * self.topo.tensor
-            self.log.validation(self.state.step, metrics)
             return metrics
         self.engine.eval()
         with self.autocast, vocab_split(self.vocab_split):
-            metrics = evaluate(self.engine, self.val_batches, byte_lengths=self.byte_lengths,
+            metrics = evaluate(self.engine, batches, byte_lengths=self.byte_lengths,
                                device=self.engine.device, objective=self.objective)
         metrics["tokens"] //= self.topo.tensor  # tensor ranks of a replica evaluate the same batches
         self.engine.train()
-        self.log.validation(self.state.step, metrics)
         return metrics
 
     def _log_reads(self) -> None:
@@ -469,7 +508,19 @@ class Trainer:
                                deepspeed_files=t.deepspeed_checkpoint, wait=last)
         self.log.message(f"checkpoint: {path}" + ("" if last else f" ({self.ckpts.last_save['blocking_s']:.2f} s "
                                                                    f"blocking; writing in the background)"))
+        if self.mixture is not None:
+            self.log.data_card(self._data_card())
         return str(path)
+
+    def _data_card(self) -> dict:
+        """A mixture's sources at this position: tokens available, weight, tokens drawn and epochs
+        (GPT-3's Table 2.2, as drawn so far; exact, from the data position)."""
+        m = self.mixture
+        drawn = m.drawn(self.loader.state_dict()["samples"], self.seq_len)
+        return {"step": self.state.step, "tokens": self.state.tokens, "mixing": self.cfg.data.mixing,
+                "sources": [{"name": name, "shards_dir": path, "tokens_available": size, "weight": weight,
+                             **drawn[name]} for name, path, size, weight in zip(m.names, m.shards_dirs, m.sizes,
+                                                                               m.weights)]}
 
     def _restore(self, path) -> None:
         """Masters, moments, buffers and RNG from a checkpoint of any layout, then the run's position."""
