@@ -41,7 +41,7 @@ from glm_dist.eval.run import load_checkpoint_model
 from glm_dist.families.awd_lstm.model import AwdLstm
 from glm_dist.families.registry import model_config_from_dict
 from glm_dist.parallel.distributed import init_distributed
-from glm_dist.train.finetune import FinetuneArgs
+from glm_dist.transfer.options import FinetuneArgs
 from glm_dist.train.loop import train
 from glm_dist.transfer.tricks import Tricks
 from glm_dist.transfer.ulmfit import ConcatPoolClassifier, accuracy, encode_documents, train_classifier

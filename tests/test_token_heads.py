@@ -12,7 +12,8 @@ from data_pipeline.tokenize.profiles import special_ids, train_tokenizer
 from data_pipeline.wordnet_heads import pos_rows, span_rows
 from glm_dist.eval.squad import exact_match, f1, normalize_answer, squad_scores
 from glm_dist.families.registry import build_model, exported_module, family, resolve_model_config
-from glm_dist.train.finetune import FinetuneArgs, split_rows
+from glm_dist.transfer.files import split_rows
+from glm_dist.transfer.options import FinetuneArgs
 from glm_dist.transfer import token_tasks
 from tests.conftest import run_glm
 

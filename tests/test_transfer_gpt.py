@@ -186,7 +186,7 @@ def test_the_lm_loss_is_the_mean_next_token_loss_over_the_real_tokens():
 
 
 def test_recipes_fill_in_options_the_command_line_does_not_give():
-    from glm_dist.train.finetune import FinetuneError
+    from glm_dist.transfer.options import FinetuneError
     from glm_dist.transfer.recipes import finetune_args, load_recipe
 
     args = finetune_args({"checkpoint": "c", "train": "t", "recipe": "gpt", "epochs": 1, "lr": None})
@@ -198,7 +198,7 @@ def test_recipes_fill_in_options_the_command_line_does_not_give():
 
 
 def test_a_recipe_file_with_an_unknown_key_is_refused(tmp_path):
-    from glm_dist.train.finetune import FinetuneError
+    from glm_dist.transfer.options import FinetuneError
     from glm_dist.transfer.recipes import load_recipe
 
     (tmp_path / "r.yaml").write_text("lr: 1e-3\nlearning_rate: 2\n")

@@ -20,7 +20,7 @@ from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.models.heads import SequenceClassifier
 from glm_dist.families.registry import family
 from glm_dist.parallel.engine import set_lr
-from glm_dist.train.finetune import FinetuneArgs
+from glm_dist.transfer.options import FinetuneArgs
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.schedule import lr_at
 from glm_dist.transfer.heads import GPTTransfer

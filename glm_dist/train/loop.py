@@ -49,9 +49,9 @@ from glm_dist.train.streams import StreamMemory
 from glm_dist.train.errors import CollectiveTimeout, Preempted, TrainingDiverged
 from glm_dist.train.preemption import StopRequest
 from glm_dist.train.optim import build_optimizer
+from glm_dist.train.layer_groups import discriminative_param_groups, layer_groups
+from glm_dist.train.pretrained import load_pretrained
 from glm_dist.train.schedule import lr_at
-from glm_dist.transfer.pretrained import load_pretrained
-from glm_dist.transfer.tricks import discriminative_param_groups, layer_groups
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Trainer:
         if cfg.train.compile:  # torch.compile per transformer block, in place (parallel/compile.py)
             compile_blocks(model, backend=cfg.train.compile_backend)
         dp_rank, dp_size = self.coords["data"], self.topo.data
-        groups = None  # discriminative fine-tuning: one rate per layer group (transfer/tricks.py)
+        groups = None  # discriminative fine-tuning: one rate per layer group (train/layer_groups.py)
         if cfg.train.discriminative_lr:
             groups = discriminative_param_groups(layer_groups(model), factor=cfg.train.discriminative_lr,
                                                  weight_decay=cfg.train.weight_decay)

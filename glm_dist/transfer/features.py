@@ -11,6 +11,7 @@ import numpy as np
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.errors import GlmError
+from glm_dist.transfer.files import read_rows
 
 MAX_INPUT_BYTES = 256 * 2**20
 
@@ -18,8 +19,6 @@ MAX_INPUT_BYTES = 256 * 2**20
 def read_texts(path: str, *, text_field: str = "text") -> list[str]:
     """The texts of a JSONL file (``.jsonl`` / ``.json``, optionally compressed: each row's ``text_field``)
     or of a text file (one text per non-empty line)."""
-    from glm_dist.train.finetune import read_rows
-
     if ".json" in Path(path).name:
         rows = read_rows(path)
         missing = next((n for n, r in enumerate(rows, 1) if not isinstance(r.get(text_field), str)), None)

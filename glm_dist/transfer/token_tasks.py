@@ -11,25 +11,26 @@ token classification (``--task tokens``), from any encoder family and XLNet.
   first sub-token carries its label (BERT's NER recipe), scored by word accuracy.
 
 XLNet's inputs are padded on the left (its <cls> ends the sequence), the others' on the right.
-Both take ``glm finetune``'s tricks (glm_dist/transfer/tricks.py), the head as the top layer group.
+Both train through ``glm finetune``'s one loop (transfer/loop.py) with its tricks, the head as the top
+layer group; ``SpanTask`` and ``TaggingTask`` are what differs.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tokenizers import Encoding, Tokenizer
+from torch import nn
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
-from glm_dist.config.loader import load_config
 from glm_dist.eval.squad import squad_scores
 from glm_dist.models.heads import SpanExtractor, TokenClassifier
 from glm_dist.ops.cross_entropy import IGNORE_INDEX
-from glm_dist.parallel.engine import build_engine, set_lr
-from glm_dist.train.optim import build_optimizer
-from glm_dist.transfer.tricks import Tricks
+from glm_dist.transfer.files import finish, read_manifest_ids, train_valid_rows
+from glm_dist.transfer.loop import Batch, TensorRows, finetune_task
+from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
 MAX_ANSWER_TOKENS = 30
 # each task's fields when --text-field / --pair-field / --label-field are not given
@@ -37,10 +38,8 @@ FIELDS = {"span": {"text_field": "context", "pair_field": "question", "label_fie
           "tokens": {"text_field": "tokens", "label_field": "tags"}}
 
 
-def fields(args) -> dict[str, str]:
+def fields(args: FinetuneArgs) -> dict[str, str]:
     """The row fields a token-level task reads: the options given, else the task's defaults."""
-    from glm_dist.train.finetune import FinetuneArgs
-
     given = {k: getattr(args, k) for k in FIELDS[args.task]}
     return {k: v if v != getattr(FinetuneArgs, k) else FIELDS[args.task][k] for k, v in given.items()}
 
@@ -118,42 +117,6 @@ def token_data(rows: list[dict], tok: Tokenizer, f: dict, tags: dict[str, int], 
     return {**data, "labels": labels}
 
 
-def fit(model: torch.nn.Module, head: torch.nn.Module, data: dict, loss_of: Callable, args, score: Callable[[], dict],
-        *, adapter_sites: tuple[str, ...]) -> tuple[list[dict], dict]:
-    """AdamW on the DeepSpeed engine with ``glm finetune``'s tricks (glm_dist/transfer/tricks.py): by
-    default BERT's recipe, linear warmup over --warmup of the steps then linear decay; or slanted
-    triangular rates, discriminative rates per layer group, gradual unfreezing, adapters. Returns each
-    epoch's mean training loss and ``score()``, and the tricks' settings."""
-    n = len(data["input_ids"])
-    if n < args.batch_size:
-        from glm_dist.train.finetune import FinetuneError
-
-        raise FinetuneError(f"--task {args.task}: {n} training rows are fewer than --batch-size {args.batch_size}")
-    tricks = Tricks.from_args(args)
-    groups = tricks.prepare(model, model.encoder, head, adapter_sites=adapter_sites, weight_decay=0.01)
-    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}",
-                             "train.weight_decay=0.01", "parallel.zero_stage=0", "train.precision=fp32"])
-    engine = build_engine(model, build_optimizer(model, cfg.train, groups), cfg, dp_size=1)
-    steps = args.epochs * (n // args.batch_size)
-    g, step, history = torch.Generator().manual_seed(args.seed), 0, []
-    model.train()  # a loaded checkpoint's model comes in eval mode: dropout on from the first step
-    for epoch in range(args.epochs):
-        tricks.start_epoch(epoch)
-        order, total = torch.randperm(n, generator=g), 0.0
-        for i in range(0, n - args.batch_size + 1, args.batch_size):
-            part = {k: v[order[i:i + args.batch_size]].to(engine.device) for k, v in data.items()
-                    if isinstance(v, torch.Tensor)}
-            set_lr(engine, tricks.lr(step, steps, args.lr))
-            loss = loss_of(engine, part)
-            engine.backward(loss)
-            engine.step()
-            step, total = step + 1, total + loss.item()
-        model.eval()
-        history.append({"epoch": epoch + 1, "train_loss": total / (n // args.batch_size), **score()})
-        model.train()
-    return history, tricks.describe()
-
-
 def _inputs(part: dict) -> dict:
     return {k: part[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
 
@@ -168,25 +131,41 @@ def predict_spans(model: SpanExtractor, data: dict, batch_size: int) -> list[str
     return out
 
 
-def train_span(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict], args, *,
-               pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
+@dataclass
+class SpanTask(TensorRows):
+    """Span extraction for the loop: the mean cross-entropy of the answer's start and end."""
+
+    valid: dict | None = None  # span_data of the held-out rows
+    batch_size: int = 16
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.model.encoder
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.start_end
+
+    def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
+        start, end = engine(**_inputs(batch))
+        first, last = batch["positions"].unbind(1)
+        return (F.cross_entropy(start.float(), first) + F.cross_entropy(end.float(), last)) / 2
+
+    def evaluate(self, engine: nn.Module) -> dict:
+        predictions = predict_spans(self.model, self.valid, self.batch_size)
+        return {f"valid_{k}": v for k, v in squad_scores(predictions, self.valid["golds"]).items()}
+
+
+def train_span(encoder: nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict],
+               args: FinetuneArgs, *, pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
     f = fields(args)
     train, valid = (span_data(rows, tok, f, max_len=args.max_len, pad_id=pad_id, left=pad_left)
                     for rows in (train_rows, valid_rows))
     keep = (train["positions"] >= 0).all(1)  # answers the truncation cut off are not trained on
     train = {k: v[keep] for k, v in train.items() if isinstance(v, torch.Tensor)}
     model = SpanExtractor(encoder)
-
-    def loss_of(engine, part):
-        start, end = engine(**_inputs(part))
-        first, last = part["positions"].unbind(1)
-        return (F.cross_entropy(start.float(), first) + F.cross_entropy(end.float(), last)) / 2
-
-    def score() -> dict:
-        predictions = predict_spans(model, valid, args.batch_size)
-        return {f"valid_{k}": v for k, v in squad_scores(predictions, valid["golds"]).items()}
-
-    history, settings = fit(model, model.start_end, train, loss_of, args, score, adapter_sites=adapter_sites)
+    history, settings = finetune_task(SpanTask(model, train, adapter_sites, valid=valid, batch_size=args.batch_size),
+                                      args)
     first_word = [t.split()[0] if t.split() else "" for t in valid["texts"]]
     longest = [max(t.split(), key=len) if t.split() else "" for t in valid["texts"]]
     baselines = {f"{name}: {k}": v for name, guess in (("first word", first_word), ("longest word", longest))
@@ -208,22 +187,39 @@ def token_accuracy(model: TokenClassifier, data: dict, batch_size: int) -> float
     return right / max(1, total)
 
 
-def train_tokens(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict], args, *,
-                 pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
+@dataclass
+class TaggingTask(TensorRows):
+    """Token classification for the loop: cross-entropy over each word's first sub-token."""
+
+    valid: Batch | None = None  # token_data of the held-out rows
+    batch_size: int = 16
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.model.encoder
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.classifier
+
+    def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(engine(**_inputs(batch)).float().flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX)
+
+    def evaluate(self, engine: nn.Module) -> dict:
+        return {"valid_accuracy": token_accuracy(self.model, self.valid, self.batch_size)}
+
+
+def train_tokens(encoder: nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict],
+                 args: FinetuneArgs, *, pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
     f = fields(args)
     counts = Counter(str(t) for r in train_rows for t in r[f["label_field"]] if t is not None)
     tags = {t: i for i, t in enumerate(sorted(counts))}
     train, valid = (token_data(rows, tok, f, tags, max_len=args.max_len, pad_id=pad_id, left=pad_left)
                     for rows in (train_rows, valid_rows))
     model = TokenClassifier(encoder, len(tags))
-
-    def loss_of(engine, part):
-        return F.cross_entropy(engine(**_inputs(part)).float().flatten(0, 1), part["labels"].flatten(),
-                               ignore_index=IGNORE_INDEX)
-
-    history, settings = fit(model, model.classifier, train, loss_of, args,
-                            lambda: {"valid_accuracy": token_accuracy(model, valid, args.batch_size)},
-                            adapter_sites=adapter_sites)
+    history, settings = finetune_task(TaggingTask(model, train, adapter_sites, valid=valid, batch_size=args.batch_size),
+                                      args)
     majority = tags[counts.most_common(1)[0][0]]
     scored = valid["labels"] != IGNORE_INDEX
     return {"task": "tokens", "tags": list(tags), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
@@ -235,27 +231,17 @@ def train_tokens(encoder: torch.nn.Module, tok: Tokenizer, train_rows: list[dict
 TRAINERS = {"span": train_span, "tokens": train_tokens}
 
 
-def finetune_token_level(args, encoder: torch.nn.Module, meta: dict, *, pad_left: bool,
+def finetune_token_level(args: FinetuneArgs, encoder: nn.Module, meta: dict, *, pad_left: bool,
                          adapter_sites: tuple[str, ...] = ()) -> dict:
-    """``glm finetune --task span|tokens`` on a loaded encoder (the train/finetune.py driver's rows)."""
-    from glm_dist.train.finetune import read_manifest_ids, read_rows, split_rows, write_output
-
+    """``glm finetune --task span|tokens`` on a loaded encoder."""
     tok = checkpoint_tokenizer(args.checkpoint)
-    rows = read_rows(args.train)
-    train_rows, valid_rows = (rows, read_rows(args.valid)) if args.valid else split_rows(rows, args.valid_per_mille)
+    train_rows, valid_rows = train_valid_rows(args)
     _check_rows(train_rows + valid_rows, fields(args), args)
-    result = TRAINERS[args.task](encoder, tok, train_rows, valid_rows, args, pad_id=read_manifest_ids(tok, meta)["pad"],
-                                 pad_left=pad_left, adapter_sites=adapter_sites)
-    model = result.pop("model")
-    result = {"checkpoint": args.checkpoint, **result}
-    if args.out:
-        write_output(args.out, model, result)
-    return result
+    return finish(args, TRAINERS[args.task](encoder, tok, train_rows, valid_rows, args, adapter_sites=adapter_sites,
+                                            pad_id=read_manifest_ids(tok, meta)["pad"], pad_left=pad_left))
 
 
-def _check_rows(rows: list[dict], f: dict, args) -> None:
-    from glm_dist.train.finetune import FinetuneError
-
+def _check_rows(rows: list[dict], f: dict, args: FinetuneArgs) -> None:
     for row in rows:
         missing = [v for v in f.values() if v not in row]
         if missing:

@@ -14,10 +14,12 @@ third stage, after general-domain LM pretraining and target-task LM fine-tuning 
   as fastai's classifier does. Adam with beta1 0.7, beta2 0.99 (the paper's).
 
 Discriminative rates, slanted triangular rates and gradual unfreezing come from ``tricks``; their
-layer groups are the LM's (embedding, each LSTM layer) and the head on top.
+layer groups are the LM's (embedding, each LSTM layer) and the head on top. It trains through
+``glm finetune``'s one loop (transfer/loop.py); ``ConcatPoolTask`` is what differs.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,12 +27,11 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
-from glm_dist.config.loader import load_config
 from glm_dist.families.awd_lstm.model import AwdLstm
 from glm_dist.objectives.awd_lm import activation_penalties
-from glm_dist.parallel.engine import build_engine, set_lr
-from glm_dist.train.finetune import FinetuneArgs, FinetuneError, read_rows, split_rows, write_output
-from glm_dist.train.optim import build_optimizer
+from glm_dist.transfer.files import finish, read_manifest_ids, train_valid_rows
+from glm_dist.transfer.loop import Batch, finetune_task, fit
+from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 from glm_dist.transfer.tricks import Tricks
 
 
@@ -127,58 +128,65 @@ def accuracy(model, docs: list[list[int]], labels: torch.Tensor, batch_size: int
     return right / max(1, len(docs))
 
 
+@dataclass
+class ConcatPoolTask:
+    """ULMFiT's classifier for the loop: documents padded per batch, Adam with the paper's betas."""
+
+    model: ConcatPoolClassifier
+    docs: list[list[int]]
+    labels: torch.Tensor
+    valid: tuple[list[list[int]], torch.Tensor] | None
+    pad_id: int
+    batch_size: int
+    adapter_sites: tuple[str, ...] = ()
+    optimizer: tuple[str, ...] = ("train.beta1=0.7", "train.beta2=0.99")
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.model.lm
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.head
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def batch(self, rows: list[int], device: torch.device) -> Batch:
+        ids, lengths = pad([self.docs[j] for j in rows], self.pad_id)
+        return {"input_ids": ids.to(device), "lengths": lengths.to(device), "labels": self.labels[rows].to(device)}
+
+    def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
+        return self.model.loss(engine(batch["input_ids"], batch["lengths"]), batch["labels"])
+
+    def evaluate(self, engine: nn.Module) -> dict:
+        if self.valid is None:
+            return {}
+        return {"valid_accuracy": accuracy(engine, *self.valid, self.batch_size, self.pad_id, engine.device)}
+
+
 def finetune_ulmfit(args: FinetuneArgs, lm: AwdLstm, meta: dict) -> dict:
     """Fine-tune ULMFiT's classifier on ``args.train`` from an AWD-LSTM checkpoint's LM (loaded)."""
-    from glm_dist.train.finetune import read_manifest_ids
-
     tok = checkpoint_tokenizer(args.checkpoint)
     ids = read_manifest_ids(tok, meta)
-    rows = read_rows(args.train)
-    train_rows, valid_rows = (rows, read_rows(args.valid)) if args.valid else split_rows(rows, args.valid_per_mille)
+    train_rows, valid_rows = train_valid_rows(args)
     labels = {name: i for i, name in enumerate(sorted({str(r[args.label_field]) for r in train_rows}))}
     valid_rows = [r for r in valid_rows if str(r[args.label_field]) in labels]
     train = encode_documents(train_rows, tok, args, labels, eos=ids["eos"])
     valid = encode_documents(valid_rows, tok, args, labels, eos=ids["eos"])
     model = ConcatPoolClassifier(lm, len(labels), bptt=args.bptt, drop_mult=args.drop_mult)
-    tricks = Tricks.from_args(args)
-    groups = tricks.prepare(model, lm, model.head, weight_decay=0.01)
-    history = train_classifier(model, tricks, groups, args, train, valid, pad_id=ids["pad"])
+    history, settings = finetune_task(ConcatPoolTask(model, *train, valid, ids["pad"], args.batch_size), args)
     counts = torch.bincount(valid[1], minlength=len(labels))
-    result = {"checkpoint": args.checkpoint, "task": args.task, "labels": list(labels),
-              "train_examples": len(train_rows), "valid_examples": len(valid_rows),
-              "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
-              "valid_accuracy": history[-1]["valid_accuracy"], "history": history,
-              "settings": {**{k: getattr(args, k)
-                              for k in ("lr", "batch_size", "epochs", "bptt", "max_len", "drop_mult")},
-                           **tricks.describe()}}
-    if args.out:
-        write_output(args.out, model, result)
-    return result
+    return finish(args, {
+        "task": args.task, "labels": list(labels), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
+        "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
+        "valid_accuracy": history[-1]["valid_accuracy"], "history": history,
+        "settings": {**{k: getattr(args, k) for k in ("lr", "batch_size", "epochs", "bptt", "max_len", "drop_mult")},
+                     **settings}, "model": model})
 
 
 def train_classifier(model: ConcatPoolClassifier, tricks: Tricks, groups: list[dict], args: FinetuneArgs,
                      train: tuple, valid: tuple | None, *, pad_id: int) -> list[dict]:
-    """``args.epochs`` epochs; held-out accuracy after each (``valid`` None: none)."""
-    docs, labels = train
-    per_epoch = max(1, len(docs) // args.batch_size)
-    steps = args.epochs * per_epoch
-    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}", "train.beta1=0.7",
-                             "train.beta2=0.99", "parallel.zero_stage=0", "train.precision=fp32"])
-    engine = build_engine(model, build_optimizer(model, cfg.train, groups), cfg, dp_size=1)
-    g, step, history = torch.Generator().manual_seed(args.seed), 0, []
-    model.train()  # (a checkpoint's model comes in evaluation mode)
-    for epoch in range(args.epochs):
-        tricks.start_epoch(epoch)
-        order = torch.randperm(len(docs), generator=g).tolist()
-        for i in range(0, per_epoch * args.batch_size, args.batch_size):
-            part = order[i:i + args.batch_size]
-            x, lengths = pad([docs[j] for j in part], pad_id)
-            set_lr(engine, tricks.lr(step, steps, args.lr))
-            loss = model.loss(engine(x.to(engine.device), lengths.to(engine.device)), labels[part].to(engine.device))
-            engine.backward(loss)
-            engine.step()
-            step += 1
-        history.append({"epoch": epoch + 1, "loss": loss.item()})
-        if valid is not None:
-            history[-1]["valid_accuracy"] = accuracy(engine, *valid, args.batch_size, pad_id, engine.device)
-    return history
+    """``args.epochs`` epochs with tricks already prepared on ``model`` (bench/ulmfit_ablation.py);
+    held-out accuracy after each (``valid`` None: none)."""
+    return fit(ConcatPoolTask(model, *train, valid, pad_id, args.batch_size), args, tricks, groups)

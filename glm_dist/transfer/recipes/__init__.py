@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from glm_common.config_yaml import read_yaml_file
-from glm_dist.train.finetune import FinetuneArgs, FinetuneError
+from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
 HERE = Path(__file__).parent
 MAX_BYTES = 64 * 1024  # a recipe is a few lines
