@@ -30,6 +30,7 @@ from glm_dist.data.mixture import BlendedIndex, Mixture, build_missing, resolve_
 from glm_dist.eval.run import evaluate_checkpoint, load_checkpoint_model
 from glm_dist.data.shards import ShardSetError
 from glm_dist.errors import GlmError
+from glm_dist.ops.cross_entropy import IGNORE_INDEX, cross_entropy, row_groups
 from glm_dist.train.loop import read_metrics
 from tests.conftest import FAST, ROOT, TINY, clean_env, run_glm
 
@@ -275,9 +276,23 @@ def test_sources_with_other_tokenizers_or_no_training_tokens_are_refused(mix, tm
         build_missing(DataConfig(mixture=[{"name": "gone", "shards_dir": str(tmp_path / "gone"), "weight": 1.0}]))
 
 
-def test_xlnet_streams_from_a_mixture_are_refused(mix):
-    with pytest.raises(GlmError, match="cannot feed XLNet's streams"):
-        loader(mix[2], streams=True)
+def test_row_groups_add_each_sources_tokens_of_a_gathered_loss(mix):
+    """MLM's layout, (B, K) gathered positions with padding: the per-source sums are the per-row
+    NLL and counts of the rows of that source, and add up to the loss; a loss whose tokens are not
+    batch-major is refused."""
+    batch = loader(mix[2]).next_step()[0]
+    labels = batch["labels"][:, ::7].clone()  # (4, 37) real targets, the last two of row 1 padding
+    labels[1, -2:] = IGNORE_INDEX
+    logits = torch.randn(*labels.shape, 2048, generator=torch.Generator().manual_seed(0))
+    with row_groups(batch["source"], 3) as sums:
+        nll = cross_entropy(logits, labels)
+    rows = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(4, -1)
+    for s in range(3):
+        mine = batch["source"] == s
+        assert sums[s].tolist() == pytest.approx([float(rows[mine].sum()), float((labels[mine] != IGNORE_INDEX).sum())])
+    assert float(sums[:, 0].sum()) == pytest.approx(float(nll))
+    with pytest.raises(ValueError, match="not batch-major"), row_groups(batch["source"], 3):
+        cross_entropy(logits.flatten(0, 1)[:-2], labels.flatten()[:-2])  # 146 tokens over 4 rows
 
 
 RUN = [*FAST, "model.vocab_size=2048", "train.max_steps=4", "train.grad_accum_steps=2", "train.eval_interval=2",
