@@ -13,7 +13,9 @@ data-parallel size (also with another global batch, each sample of the epoch see
 
 A *mixture* (data/mixture.py) in place of one shard set: its blended index sends global sample g to
 source s's k-th sample, and each source is a loader of its own (its sample index, its reshuffle,
-its reader); each batch carries ``source``, the source of each row.
+its reader); each batch carries ``source``, the source of each row. Streams from a mixture: stream
+b's next unit is the next unit of stream b of the source the blend gives it (data/mixture.py), and
+its memory id is s x B + b, so a memory always continues its own source's text.
 
 Noise (masks, spans, permutations) is drawn from ``default_rng([seed, salt, 1, epoch, sample])``:
 new masks every epoch, the same masks after a resume.
@@ -102,13 +104,11 @@ class Loader:
         self.mixture = shards_dir if isinstance(shards_dir, Mixture) else None
         self.parts: list[Loader] = []  # a mixture's sources, in its order
         if self.mixture is not None:
-            if streams:
-                raise GlmError("data.mixture cannot feed XLNet's streams (model.mem_len > 0) yet: each stream reads "
-                               "one shard set's documents in order; train it on one data.shards_dir")
             same = dict(objective=objective, split=split, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                        grad_accum_steps=grad_accum_steps, shuffle=shuffle, shuffle_window=shuffle_window,
-                        options=options, cache_dir=cache_dir, read_gap_bytes=read_gap_bytes,
-                        read_retries=read_retries, read_backoff_s=read_backoff_s, reads=reads)
+                        grad_accum_steps=grad_accum_steps, dp_rank=dp_rank, dp_size=dp_size, shuffle=shuffle,
+                        shuffle_window=shuffle_window, options=options, streams=streams, cache_dir=cache_dir,
+                        read_gap_bytes=read_gap_bytes, read_retries=read_retries, read_backoff_s=read_backoff_s,
+                        reads=reads)
             self.parts = [Loader(root, seed=self.mixture.seed(seed, s), **same)
                           for s, root in enumerate(self.mixture.shards_dirs)]
             shards_dir = self.mixture.shards_dirs[0]  # the shared tokenizer's
@@ -202,12 +202,21 @@ class Loader:
     def epoch(self) -> int:
         """The epoch of the next sample (a mixture: the furthest epoch any source's next sample is in)."""
         if self.mixture is not None:
-            return max(p._setup().epoch_of(k) for p, k in zip(self.parts, self.mixture.blend.counts(self.samples)))
+            return max(self._source_epochs())
         index = self._setup()
         return index.epoch_of(0, self.steps) if self.streams else index.epoch_of(self.samples)
 
+    def _source_epochs(self) -> list[int]:
+        """A mixture's sources: the epoch each one's next sample is in (streams: stream 0's next unit)."""
+        counts = self.mixture.blend.counts(self.steps if self.streams else self.samples)
+        return [p._setup().epoch_of(0, k) if self.streams else p._setup().epoch_of(k)
+                for p, k in zip(self.parts, counts)]
+
     def next_step_epoch(self) -> int:
         """The epoch of the next step's last sample (a mixture: the furthest any source's is in; nothing is read)."""
+        if self.mixture is not None and self.streams:
+            sources, units = self.mixture.blend.stream_assign(self.steps, self.num_streams)
+            return max(self.parts[s]._setup().epoch_of(b, int(k)) for b, (s, k) in enumerate(zip(sources, units)))
         if self.mixture is not None:
             counts = self.mixture.blend.counts(self.samples + self.global_batch_size)
             return max(p._setup().epoch_of(k - 1) for p, k in zip(self.parts, counts) if k)
@@ -250,9 +259,9 @@ class Loader:
         the epoch of its sample index its next sample is in."""
         if self.mixture is None:
             return {}
-        drawn = self.mixture.drawn(self.samples, self.seq_len)
-        for part, name, k in zip(self.parts, self.mixture.names, self.mixture.blend.counts(self.samples)):
-            drawn[name]["epoch"] = part._setup().epoch_of(k)
+        drawn = self.mixture.drawn(self.samples, self.seq_len, streams=self.num_streams)
+        for name, epoch in zip(self.mixture.names, self._source_epochs()):
+            drawn[name]["epoch"] = epoch
         return drawn
 
     def read_counts(self) -> dict[str, int]:
@@ -277,15 +286,19 @@ class Loader:
     def locate(self, row: int) -> Located:
         """Row ``row`` of the next step: its epoch, its unit and the pieces it packs."""
         if self.mixture is not None:
-            (s,), (k,) = self.mixture.blend.assign(self.samples + row, 1)
-            return self.parts[s]._setup().locate(int(k))
+            return self._locate_step([row])[row][2]
         index = self._setup()
         return index.locate(row, self.steps) if self.streams else index.locate(self.samples + row)
 
     def _locate_step(self, rows: list[int]) -> dict[int, tuple[int, int, Located]]:
-        """row -> (source, the sample's number in that source, where it is) for rows of the next step."""
+        """row -> (source, the sample's number in that source, where it is) for rows of the next step.
+        Streams: row b is stream b's unit k of its source's stream b, numbered k x B + b (its noise's key)."""
         if self.mixture is None:
             return {row: (0, self.samples + row, self.locate(row)) for row in rows}
+        if self.streams:
+            sources, units = self.mixture.blend.stream_assign(self.steps, self.num_streams)
+            return {row: (int(sources[row]), int(units[row]) * self.num_streams + row,
+                          self.parts[sources[row]]._setup().locate(row, int(units[row]))) for row in rows}
         sources, numbers = self.mixture.blend.assign(self.samples, self.global_batch_size)  # the whole step: cheap
         return {row: (int(sources[row]), int(numbers[row]), self.parts[sources[row]]._setup().locate(int(numbers[row])))
                 for row in rows}
@@ -312,8 +325,8 @@ class Loader:
         out = []
         for micro in rows:
             batch = collate([samples[row] for row in micro], pad_id=self.pad_id, width=self.width)
-            if self.streams:
-                batch["rows"] = torch.tensor(micro)  # global stream ids, for their memory
+            if self.streams:  # the memories' ids: global stream ids (a mixture: per source, s x B + b)
+                batch["rows"] = torch.tensor([located[row][0] * self.num_streams + row for row in micro])
             if self.mixture is not None:
                 batch["source"] = torch.tensor([located[row][0] for row in micro], dtype=torch.long)  # (B,)
             out.append(batch)

@@ -16,6 +16,11 @@ samples among the first g is a binary search, for any g, with no state. Every ra
 step's assignment alone, and resume (at any data-parallel size) lands on the same next sample. Each
 source keeps its own sample index (its own per-epoch reshuffle, seeded by the run's seed and its
 name): a source that runs out starts its next epoch without moving any other source's samples.
+
+*Streams* (XLNet's memory): stream b takes blend positions b, b + 1, ... one per step, and its
+position of source s is the next unit of source s's own stream b (its regions, in order). Each
+stream draws its next unit from the mixture, every step mixes the sources by their weights, and
+everything stays a closed form of (stream, step).
 """
 from __future__ import annotations
 
@@ -27,11 +32,13 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from glm_common.config_yaml import ConfigError
+from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
 from glm_dist.config.mixture import MixtureSource, check_weight_sum, mixture_sources
 from glm_dist.config.schema import DataConfig
-from glm_dist.data.shards import ShardSetError, read_manifest
+from glm_dist.data.shards import ShardSetError, open_shard_file, read_manifest
 
 WEIGHT_SCALE = 2**32  # a weight's integer resolution: shares exact to 2.3e-10
 log = logging.getLogger(__name__)
@@ -78,6 +85,26 @@ class BlendedIndex:
         return (np.asarray([s for s, _ in due], dtype=np.int64).reshape(n),
                 np.asarray([k for _, k in due], dtype=np.int64).reshape(n))
 
+    def stream_assign(self, step: int, streams: int) -> tuple[np.ndarray, np.ndarray]:
+        """XLNet's streams: stream b's t-th unit is blend position b + t, so step t's rows are
+        positions [t, t + B) (each step mixed by the weights) and each stream's sources follow the
+        blend too. (B,) each stream's source at step ``step`` and (B,) its unit number in that
+        source's stream b: the source's positions among [b, b + t)."""
+        sources, numbers = self.assign(step, streams)
+        return sources, numbers - self._before_window(0, streams)[np.arange(streams), sources]
+
+    def stream_counts(self, steps: int, streams: int) -> list[int]:
+        """(sources,) units of each source in the first ``steps`` steps of ``streams`` streams:
+        sum_b counts(b + t) - counts(b), from two windows of B positions."""
+        window = self._before_window(steps, streams).sum(axis=0) - self._before_window(0, streams).sum(axis=0)
+        return (streams * np.asarray(self.counts(steps), dtype=np.int64) + window).tolist()
+
+    def _before_window(self, start: int, n: int) -> np.ndarray:
+        """(n, sources) each source's positions among [start, start + b) for b < n."""
+        sources, _ = self.assign(start, n)
+        onehot = np.eye(len(self.w), dtype=np.int64)[sources]
+        return np.cumsum(onehot, axis=0) - onehot
+
 
 @dataclass(frozen=True)
 class Mixture:
@@ -97,10 +124,11 @@ class Mixture:
         digest = hashlib.sha256(f"{run_seed}/{self.names[s]}".encode()).digest()
         return int.from_bytes(digest[:4], "little")
 
-    def drawn(self, samples: int, seq_len: int) -> dict[str, dict[str, float]]:
+    def drawn(self, samples: int, seq_len: int, *, streams: int = 1) -> dict[str, dict[str, float]]:
         """Per source, the tokens the first ``samples`` global samples draw and the epochs that makes
-        (tokens drawn / tokens available), exactly."""
-        counts = self.blend.counts(samples)
+        (tokens drawn / tokens available), exactly; ``streams`` > 1: drawn as that many XLNet streams
+        (a loader's saved position holds both)."""
+        counts = self.blend.stream_counts(samples // streams, streams) if streams > 1 else self.blend.counts(samples)
         return {name: {"tokens": k * seq_len, "epochs": k * seq_len / size}
                 for name, k, size in zip(self.names, counts, self.sizes)}
 
@@ -165,11 +193,20 @@ def tokenizer_identity(manifest: dict) -> str:
     return f"{t.get('profile', '?')} {t.get('kind', '?')}, {t['vocab_size']} tokens, sha256 {t['sha256'][:12]}"
 
 
+def canonical_tokenizer(shards_dir: str, manifest: dict) -> str:
+    """A shard set's tokenizer.json as the tokenizers library writes it once loaded: a freshly trained
+    Unigram's scores print otherwise than the same scores read back, so the first source's file and
+    the copy its tokenizer.json made for another source differ in bytes (and sha256) only."""
+    with open_shard_file(f"{shards_dir}/{manifest['tokenizer']['file']}") as f:
+        return Tokenizer.from_str(f.read(MAX_TOKENIZER_BYTES).decode("utf-8")).to_str()
+
+
 def check_tokenizers(sources: list[MixtureSource], manifests: list[dict]) -> None:
     """Every source's tokens come from one tokenizer (the first source's)."""
     first = manifests[0]["tokenizer"]["sha256"]
     for s, m in zip(sources[1:], manifests[1:]):
-        if m["tokenizer"]["sha256"] != first:
+        if m["tokenizer"]["sha256"] != first and (canonical_tokenizer(s.shards_dir, m)
+                                                  != canonical_tokenizer(sources[0].shards_dir, manifests[0])):
             raise ConfigError(f"data.mixture sources {sources[0].name!r} and {s.name!r} use different tokenizers "
                               f"({tokenizer_identity(manifests[0])} vs {tokenizer_identity(m)}): rebuild "
                               f"{s.shards_dir} with {sources[0].shards_dir}/tokenizer.json")

@@ -416,7 +416,8 @@ class Trainer:
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
         if self.mixture is not None:  # tokens and epochs drawn per source, exact (from the data position)
-            drawn = self.mixture.drawn(self.loader.state_dict()["samples"], self.seq_len)
+            position = self.loader.state_dict()
+            drawn = self.mixture.drawn(position["samples"], self.seq_len, streams=position["streams"])
             metrics.update({f"{k}/{name}": row[k] for name, row in drawn.items() for k in ("tokens", "epochs")})
         if self.state.step % self.cfg.logging.log_interval == 0:  # the peaks since the last log line
             metrics.update(device_memory(self.engine.device) or {})
@@ -516,7 +517,8 @@ class Trainer:
         """A mixture's sources at this position: tokens available, weight, tokens drawn and epochs
         (GPT-3's Table 2.2, as drawn so far; exact, from the data position)."""
         m = self.mixture
-        drawn = m.drawn(self.loader.state_dict()["samples"], self.seq_len)
+        position = self.loader.state_dict()
+        drawn = m.drawn(position["samples"], self.seq_len, streams=position["streams"])
         return {"step": self.state.step, "tokens": self.state.tokens, "mixing": self.cfg.data.mixing,
                 "sources": [{"name": name, "shards_dir": path, "tokens_available": size, "weight": weight,
                              **drawn[name]} for name, path, size, weight in zip(m.names, m.shards_dirs, m.sizes,
