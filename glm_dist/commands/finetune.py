@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from glm_dist.train.finetune import finetune
+from glm_dist.transfer.finetune import finetune
 from glm_dist.transfer.recipes import finetune_args
 
 HELP = "classification from an encoder or GPT checkpoint, or text-to-text (JSONL/CSV)"
