@@ -151,6 +151,7 @@ def test_checkpoint_loads_and_gives_the_recorded_outputs(folder: Path):
 def test_config_loads_validates_and_describes_the_checkpoints_model(folder: Path):
     from glm_dist.config.checks import model_config, validate
     from glm_dist.config.loader import load_config, to_dict
+    from glm_dist.families.registry import model_config_from_dict
 
     cfg = load_config(folder / "config.yaml")
     validate(cfg)
@@ -158,8 +159,24 @@ def test_config_loads_validates_and_describes_the_checkpoints_model(folder: Path
     written, loaded = yaml.safe_load((folder / "config.yaml").read_text()), to_dict(cfg)
     for section, values in written.items():
         assert {k: loaded[section][k] for k in values} == values, section
-    meta = json.loads((checkpoint_of(folder) / "meta.json").read_text())
-    assert json.loads(json.dumps(dataclasses.asdict(model_config(cfg)))) == meta["model_config"]
+    saved = json.loads((checkpoint_of(folder) / "meta.json").read_text())["model_config"]
+    ours = json.loads(json.dumps(dataclasses.asdict(model_config(cfg))))
+    assert {k: ours.get(k) for k in saved} == saved  # every field the checkpoint saved, as saved
+    # and a field added since (GPT's post_ln) at the value the checkpoint was written with
+    assert ours == json.loads(json.dumps(dataclasses.asdict(model_config_from_dict(folder.name, saved))))
+
+
+def test_each_checkpoint_resumes_under_its_config():
+    """A run of the fixture's config may resume its checkpoint: a model-config field added since the save
+    (GPT's post_ln) reads as the value it was written with, not as a changed model."""
+    from glm_dist.config.checks import model_config
+    from glm_dist.config.loader import load_config
+    from glm_dist.train.checkpoint import check_resumable
+
+    for folder in FAMILY_DIRS:
+        ckpt = checkpoint_of(folder)
+        meta = json.loads((ckpt / "meta.json").read_text())
+        check_resumable(meta, ckpt, folder.name, model_config(load_config(folder / "config.yaml")))
 
 
 def test_a_renamed_parameter_fails_to_load(tmp_path):

@@ -10,7 +10,8 @@ from transformers import OpenAIGPTConfig, OpenAIGPTDoubleHeadsModel, OpenAIGPTLM
 
 from glm_dist.families.gpt1.hf import import_hf, to_hf_config, to_hf_state_dict
 from glm_dist.models.common import count_parameters
-from glm_dist.families.gpt1.model import GPT1, gpt1_config
+from glm_dist.families.gpt.model import GPT
+from glm_dist.families.gpt1.model import gpt1_config
 from glm_dist.families.registry import build_model, published_flavors
 from glm_dist.transfer import inputs
 from glm_dist.transfer.heads import GPTTransfer, add_token_embeddings
@@ -21,10 +22,10 @@ TOL = 1e-4  # max abs difference of fp32 logits
 SP = SpecialTokens(100, 101, 102)
 
 
-def _gpt1(seed: int = 0, **overrides) -> GPT1:
+def _gpt1(seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
     cfg = dict(n_layer=2, d_model=64, n_head=4, vocab_size=97, context_length=48) | overrides
-    return GPT1(gpt1_config("gpt1-tiny", **cfg)).eval()
+    return GPT(gpt1_config("gpt1-tiny", **cfg)).eval()
 
 
 def test_gpt1_counts_equal_openai_gpt_on_the_meta_device():
@@ -51,7 +52,7 @@ def test_gpt1_logits_match_transformers_after_import():
     torch.manual_seed(0)
     hf = OpenAIGPTLMHeadModel(OpenAIGPTConfig(n_layer=3, n_head=4, n_embd=64, vocab_size=512, n_positions=128)).eval()
     cfg, sd = import_hf(hf)
-    ours = GPT1(cfg).eval()
+    ours = GPT(cfg).eval()
     ours.load_state_dict(sd)
     x = torch.randint(0, 512, (3, 50))
     with torch.no_grad():
@@ -104,7 +105,7 @@ def test_multiple_choice_head_matches_openai_gpt_double_heads_after_import():
     hf = OpenAIGPTDoubleHeadsModel(cfg).eval()
     cfg, sd = import_hf(hf)
     assert {"classifier.weight", "classifier.bias"} <= set(sd)
-    ours = GPTTransfer(GPT1(cfg), "multiple_choice", 1).eval()
+    ours = GPTTransfer(GPT(cfg), "multiple_choice", 1).eval()
     ours.load_state_dict({("" if k.startswith("classifier.") else "lm.") + k: v for k, v in sd.items()})
     batch = _mc_batch(97)
     with torch.no_grad():

@@ -59,7 +59,8 @@ def published_flavors(family_name: str) -> dict[str, Any]:
 
 
 def model_config_from_dict(family_name: str, fields: dict) -> Any:
-    """Rebuild a family's model config from its saved fields (checkpoint meta.json)."""
-    flavors = family(family_name).flavors
-    config_cls = type(next(iter(flavors.values())).cfg)
-    return config_cls(**fields)
+    """Rebuild a family's model config from its saved fields (checkpoint meta.json); a field the save
+    predates takes the family's ``saved_defaults`` value, else the field's default."""
+    spec = family(family_name)
+    config_cls = type(next(iter(spec.flavors.values())).cfg)
+    return config_cls(**{**spec.saved_defaults, **fields})

@@ -81,6 +81,9 @@ class FamilySpec:
     check: Callable[[Any, Any, int], None] | None = None
     # model config -> whether training carries memory across steps (Transformer-XL's streams, train/streams.py)
     streams: Callable[[Any], bool] = _never
+    # model-config fields added after checkpoints were saved -> the value those saves were written with, when
+    # it is not the field's default (GPT-1's post_ln: True); model_config_from_dict fills them in
+    saved_defaults: dict = field(default_factory=dict)
 
     @property
     def local_init(self) -> bool:

@@ -127,12 +127,12 @@ class MLP(nn.Module):
         return self.drop(self.proj(F.gelu(self.fc(x), approximate="tanh")))
 
 
-def init_gpt_weights(module: nn.Module, *, n_layer: int, std: float = 0.02) -> None:
+def init_gpt_weights(module: nn.Module, *, n_layer: int, std: float = 0.02, scale_residuals: bool = True) -> None:
     """GPT-2 init: N(0, 0.02) weights, zero biases, unit norms; residual projections (the
     ``proj`` of attention and MLP) get std / sqrt(2 * n_layer) so the residual stream's variance
-    does not grow with depth."""
+    does not grow with depth (``scale_residuals=False``: GPT-1's, which had not that rule)."""
     for name, p in module.named_parameters():
-        if name.endswith("proj.weight"):
+        if scale_residuals and name.endswith("proj.weight"):
             nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * n_layer))
         elif name.endswith(".bias"):
             nn.init.zeros_(p)
@@ -143,7 +143,7 @@ def init_gpt_weights(module: nn.Module, *, n_layer: int, std: float = 0.02) -> N
 
 
 def normal_init_std(cfg: Any) -> Callable[[str], float]:
-    """train.init=local's rule for BERT, GPT-1 and BART (parallel/init.py): every weight N(0, 0.02)."""
+    """train.init=local's rule for BERT and BART (parallel/init.py): every weight N(0, 0.02)."""
     return lambda name: 0.02
 
 

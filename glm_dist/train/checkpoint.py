@@ -474,19 +474,25 @@ def save_id(meta_json: bytes) -> str:
     return hashlib.sha256(meta_json).hexdigest()
 
 
+def _as_json(model_config: Any) -> dict:
+    """A model config's fields as its meta.json holds them (tuples as JSON lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(model_config)))
+
+
 def check_resumable(meta: dict, ckpt: Storage, family: str, model_config: Any) -> None:
     """A run resumes only a checkpoint of its own model: the same family (GPT-2 and GPT-1 share
     parameter names and shapes, not the architecture) and the same config but for regularisation
-    (``RESUME_MAY_CHANGE``). The saved config is checked as a user's first (``saved_model``)."""
+    (``RESUME_MAY_CHANGE``). The saved config is checked as a user's first (``saved_model``), a field
+    it predates read as the family's value then (``saved_defaults``)."""
     saved = meta.get("model_family")
     if saved != family:
         raise CheckpointError(f"checkpoint {ckpt} was written by a {str(saved)[:40]} model, this run's model.family is "
                               f"{family}: its weights would load into another architecture; set model.family="
                               f"{str(saved)[:40]} to resume it, or use another train.out_dir for a new run")
-    saved_model(meta, ckpt)
-    ours = json.loads(json.dumps(dataclasses.asdict(model_config)))  # tuples as JSON lists, like the saved one
-    differ = [k for k, v in ours.items() if not RESUME_MAY_CHANGE.search(k) and meta["model_config"].get(k) != v]
+    theirs = _as_json(saved_model(meta, ckpt)[0])
+    ours = _as_json(model_config)
+    differ = [k for k, v in ours.items() if not RESUME_MAY_CHANGE.search(k) and theirs.get(k) != v]
     if differ:
-        pairs = ", ".join(f"{k}={meta['model_config'].get(k)} (this run: {ours[k]})" for k in differ[:4])
+        pairs = ", ".join(f"{k}={theirs.get(k)} (this run: {ours[k]})" for k in differ[:4])
         raise CheckpointError(f"checkpoint {ckpt} was written by a {family} model with {pairs}; resume with the model "
                               f"config it was saved with, or use another train.out_dir for a new run")

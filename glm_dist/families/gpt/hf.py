@@ -26,8 +26,8 @@ _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)$")
 def to_hf_config(cfg: GPTConfig, *, eot_id: int | None = None):
     from transformers import GPT2Config
 
-    if cfg.sparse_window is not None:
-        raise ValueError("GPT2LMHeadModel has no banded sparse attention; export a dense model")
+    if cfg.sparse_window is not None or cfg.post_ln:
+        raise ValueError("GPT2LMHeadModel is pre-LN without banded sparse attention; export such a model")
     eot = cfg.vocab_size - 1 if eot_id is None else eot_id
     return GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
                       n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.d_ff, activation_function="gelu_new",

@@ -1,7 +1,9 @@
-"""GPT-2 / GPT-3 decoder, as the GPT-2 paper describes it.
+"""GPT-2 / GPT-3 decoder, as the GPT-2 paper describes it, and GPT-1 by one config field.
 
 Pre-LN blocks, a final LayerNorm, learned absolute positions, tied input/output embeddings, GELU,
-residual projections initialised with std 0.02 / sqrt(2 * n_layer). The model is an ordered list
+residual projections initialised with std 0.02 / sqrt(2 * n_layer). ``post_ln=True`` is GPT-1's
+arrangement (Radford et al. 2018; ``families/gpt1``): the norms after each residual sum, no final
+LayerNorm, every weight N(0, 0.02) -- GPT-2 moved the norms and scaled the residual init. The model is an ordered list
 of layers -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, ``GPTHead`` -- so pipeline stages can be cut
 from the same definition (``GPT.layers()``).
 
@@ -40,6 +42,7 @@ class GPTConfig:
     sparse_window: int | None = None  # GPT-3: odd layers use a local band of this width
     layer_norm_eps: float = 1e-5
     pad_vocab_to_multiple_of: int = 1  # the embedding's rows rounded up to a multiple of this (1: vocab_size)
+    post_ln: bool = False  # GPT-1: post-LN blocks, no final LayerNorm, unscaled residual init
 
     @property
     def ffn_width(self) -> int:
@@ -93,8 +96,8 @@ def unpadded_state_dict(sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str
 
 def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
     """GPT-2's rule by parameter name (train.init=local; parallel/init.py): N(0, 0.02), the residual
-    projections 0.02 / sqrt(2 n_layer) -- what ``init_gpt_weights`` draws from one stream."""
-    scaled = 0.02 / math.sqrt(2 * cfg.n_layer)
+    projections 0.02 / sqrt(2 n_layer) (GPT-1: 0.02) -- what ``init_gpt_weights`` draws from one stream."""
+    scaled = 0.02 if cfg.post_ln else 0.02 / math.sqrt(2 * cfg.n_layer)
     return lambda name: scaled if name.endswith("proj.weight") else 0.02
 
 
@@ -123,6 +126,7 @@ class GPTEmbedding(nn.Module):
 class GPTBlock(nn.Module):
     def __init__(self, cfg: GPTConfig, layer_idx: int):
         super().__init__()
+        self.post_ln = cfg.post_ln
         sparse = cfg.sparse_window is not None and layer_idx % 2 == 1
         self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, dropout=cfg.dropout,
@@ -131,6 +135,9 @@ class GPTBlock(nn.Module):
         self.mlp = MLP(cfg.d_model, cfg.ffn_width, dropout=cfg.dropout)
 
     def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        if self.post_ln:  # GPT-1: each norm follows its residual sum
+            x = self.ln_1(x + self.attn(x, cache))  # (B, T, C)
+            return self.ln_2(x + self.mlp(x))
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -140,7 +147,8 @@ class GPTHead(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        # post-LN: the last block's ln_2 is the final norm
+        self.ln_f = nn.Identity() if cfg.post_ln else nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.lm_head = OutputLinear(cfg.d_model, cfg.padded_vocab_size, bias=False)
         self.padding_columns = cfg.padded_vocab_size - cfg.vocab_size  # the output's last ones
         pad_vocab_rows(self.lm_head, cfg.vocab_size)
@@ -166,7 +174,7 @@ class GPT(nn.Module):
         self.head = GPTHead(cfg)
         self.head.lm_head.weight = self.embed.wte.weight  # tied input/output embedding
         self.activation_checkpointing = False
-        init_gpt_weights(self, n_layer=cfg.n_layer)
+        init_gpt_weights(self, n_layer=cfg.n_layer, scale_residuals=not cfg.post_ln)
 
     def layers(self) -> list[nn.Module]:
         """The model as an ordered list: embedding, blocks, head."""

@@ -30,8 +30,8 @@ _THEIRS = re.compile(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")
 def to_hf_config(cfg: GPTConfig, *, eot_id: int | None = None):
     from transformers import OpenAIGPTConfig
 
-    if cfg.sparse_window is not None or cfg.ffn_width != 4 * cfg.d_model:
-        raise ValueError("OpenAIGPT has dense attention and an FFN of 4 x d_model; export such a model")
+    if not cfg.post_ln or cfg.sparse_window is not None or cfg.ffn_width != 4 * cfg.d_model:
+        raise ValueError("OpenAIGPT is post-LN with dense attention and an FFN of 4 x d_model; export such a model")
     eot = cfg.vocab_size - 1 if eot_id is None else eot_id
     return OpenAIGPTConfig(vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
                            n_layer=cfg.n_layer, n_head=cfg.n_head, afn="gelu", resid_pdrop=cfg.dropout,
@@ -43,7 +43,7 @@ def to_hf_config(cfg: GPTConfig, *, eot_id: int | None = None):
 def from_hf_config(hf_cfg) -> GPTConfig:
     return GPTConfig(n_layer=hf_cfg.n_layer, n_head=hf_cfg.n_head, d_model=hf_cfg.n_embd, vocab_size=hf_cfg.vocab_size,
                      context_length=hf_cfg.n_positions, dropout=hf_cfg.resid_pdrop,
-                     layer_norm_eps=hf_cfg.layer_norm_epsilon)
+                     layer_norm_eps=hf_cfg.layer_norm_epsilon, post_ln=True)
 
 
 def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
