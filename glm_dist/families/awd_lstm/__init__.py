@@ -1,2 +1,6 @@
-"""The awd_lstm family: its registry row (spec.py), model (model.py) and, where it exports, its
-transformers adapter (hf.py)."""
+"""The awd_lstm family -- AWD-LSTM (Merity et al. 2017), ULMFiT's language model.
+
+Its files: spec.py (its registry row), model.py (config, flavors, modules).
+
+How a family is laid out: docs/adding-a-family.md.
+"""

@@ -1,2 +1,7 @@
-"""The bert family: its registry row (spec.py), model (model.py) and, where it exports, its
-transformers adapter (hf.py)."""
+"""The bert family -- the bidirectional encoders: BERT, RoBERTa, ALBERT and ELECTRA (one row each).
+
+Its files: spec.py (its registry row), model.py (config, flavors, modules), hf.py (transformers
+adapter).
+
+How a family is laid out: docs/adding-a-family.md.
+"""

@@ -1,2 +1,6 @@
-"""The glove family: its registry row (spec.py), model (model.py) and, where it exports, its
-transformers adapter (hf.py)."""
+"""The glove family -- GloVe (Pennington et al. 2014), word vectors from co-occurrence counts.
+
+Its files: spec.py (its registry row), model.py (config, flavors, modules).
+
+How a family is laid out: docs/adding-a-family.md.
+"""

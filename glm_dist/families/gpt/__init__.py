@@ -1,2 +1,7 @@
-"""The gpt family: its registry row (spec.py), model (model.py) and, where it exports, its
-transformers adapter (hf.py)."""
+"""The gpt family -- GPT-2 / GPT-3, the pre-LN decoder.
+
+Its files: spec.py (its registry row), model.py (config, flavors, modules), hf.py (transformers
+adapter).
+
+How a family is laid out: docs/adding-a-family.md.
+"""

@@ -1,2 +1,7 @@
-"""The xlnet family: its registry row (spec.py), model (model.py) and, where it exports, its
-transformers adapter (hf.py)."""
+"""The xlnet family -- XLNet (Yang et al. 2019), Transformer-XL trained by permutation LM.
+
+Its files: spec.py (its registry row), model.py (config, flavors, modules), hf.py (transformers
+adapter).
+
+How a family is laid out: docs/adding-a-family.md.
+"""
