@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data_pipeline.tokenize.profiles import PROFILES
 from glm_dist.families.registry import FAMILIES, build_model, resolve
 from glm_dist.objectives.registry import OBJECTIVES
 from tests.conftest import ROOT
@@ -51,6 +52,7 @@ def test_the_scan_catches_what_it_is_for():
 def test_every_family_row_is_complete_and_builds():
     for name, spec in FAMILIES.items():
         assert spec.objectives and all(o in OBJECTIVES for o in spec.objectives), name
+        assert spec.tokenizer_profile in PROFILES, name
         if spec.pipeline:
             assert set(spec.pipeline.objectives) <= set(spec.objectives), name
             assert callable(resolve(spec.pipeline.build)) and callable(resolve(spec.pipeline.rename)), name

@@ -1,4 +1,5 @@
-"""Tokenizer profiles: each model family's tokenizer kind and special tokens.
+"""Tokenizer profiles: a tokenizer kind and its special tokens, named after the vocabulary they
+reproduce (a model family names the profile it trains with in its registry row).
 
 A profile is trained with the ``tokenizers`` library and saved as ``tokenizer.json`` (which
 transformers' ``PreTrainedTokenizerFast`` loads). Special tokens take the first ids, in the order
@@ -7,7 +8,7 @@ highest, counting down.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -23,39 +24,37 @@ class TokenizerProfile:
     sentinels: int = 0
     single: str | None = None  # post-processor templates (transformers' encode with special tokens)
     pair: str | None = None
-    families: tuple[str, ...] = field(default=())
 
 
 PROFILES: dict[str, TokenizerProfile] = {
     "gpt2": TokenizerProfile(
         "byte-bpe", ("<|endoftext|>",),
-        {"eot": "<|endoftext|>", "bos": "<|endoftext|>", "eos": "<|endoftext|>", "unk": "<|endoftext|>"},
-        families=("gpt",)),
-    "roberta": TokenizerProfile(  # fairseq's dictionary order; also BART
+        {"eot": "<|endoftext|>", "bos": "<|endoftext|>", "eos": "<|endoftext|>", "unk": "<|endoftext|>"}),
+    "roberta": TokenizerProfile(  # fairseq's dictionary order
         "byte-bpe", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
         {"bos": "<s>", "cls": "<s>", "pad": "<pad>", "eos": "</s>", "sep": "</s>", "eot": "</s>",
          "unk": "<unk>", "mask": "<mask>"},
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", families=("roberta", "bart")),
-    "bert": TokenizerProfile(  # also ELECTRA
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>"),
+    "bert": TokenizerProfile(
         "wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
         {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "eot": "[SEP]", "mask": "[MASK]"},
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", families=("bert", "electra")),
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1"),
     "albert": TokenizerProfile(
         "unigram", ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"),
         {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "eot": "[SEP]", "mask": "[MASK]"},
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", families=("albert",)),
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1"),
     "t5": TokenizerProfile(
         "unigram", ("<pad>", "</s>", "<unk>"),
         {"pad": "<pad>", "eos": "</s>", "eot": "</s>", "unk": "<unk>"},
-        sentinels=100, single="$A </s>", pair="$A </s> $B </s>", families=("t5",)),
+        sentinels=100, single="$A </s>", pair="$A </s> $B </s>"),
     "xlnet": TokenizerProfile(
         "unigram", ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>"),
         {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "cls": "<cls>", "sep": "<sep>", "pad": "<pad>",
          "mask": "<mask>", "eot": "<eod>"},
-        single="$A <sep> <cls>", pair="$A <sep> $B:1 <sep>:1 <cls>:2", families=("xlnet",)),
-    "word": TokenizerProfile(  # GloVe, ELMo: the most frequent words (data_pipeline/tokenize/word.py)
+        single="$A <sep> <cls>", pair="$A <sep> $B:1 <sep>:1 <cls>:2"),
+    "word": TokenizerProfile(  # the most frequent words (data_pipeline/tokenize/word.py)
         "wordlevel", ("<pad>", "<unk>", "<bos>", "<eos>"),
-        {"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>", "eot": "<eos>"}, families=("glove", "elmo")),
+        {"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>", "eot": "<eos>"}),
 }
 
 

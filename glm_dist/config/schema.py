@@ -62,9 +62,9 @@ class DataConfig:
     shards_dir: str = _f("data/embedded-gpt2", "where the tokenizer, shards and manifest.json live")
     tokenizer: str = _f("train", "'train' a tokenizer of data.tokenizer_profile on the source, "
                                  "or a tokenizer.json path")
-    tokenizer_profile: str = _f("gpt2", "gpt2 | roberta (also BART) | bert (also ELECTRA) | albert | t5 | xlnet | "
-                                        "word (GloVe, ELMo): the kind (byte BPE / WordPiece / Unigram / WordLevel) "
-                                        "and special tokens")
+    tokenizer_profile: str = _f("gpt2", "gpt2 | roberta | bert | albert | t5 | xlnet | word: the kind (byte BPE / "
+                                        "WordPiece / Unigram / WordLevel) and special tokens; a family's own is its "
+                                        "row's tokenizer_profile (families/<family>/spec.py)")
     vocab_size: int = _f(8192, "vocabulary size when training the tokenizer")
     val_per_mille: int = _f(50, "documents held out for validation, per thousand (by document hash)")
     seq_len: Optional[int] = _f(None, "training sequence length (default: model context length)")

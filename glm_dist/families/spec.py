@@ -44,6 +44,9 @@ class FamilySpec:
     config: Callable[..., Any]  # (flavor, **overrides) -> the model config
     model: type[nn.Module]
     objectives: tuple[str, ...]  # what it trains
+    # its tokenizer: a profile of data_pipeline/tokenize/profiles.py (kind and special tokens), what the family's
+    # recipes set as data.tokenizer_profile
+    tokenizer_profile: str = ""
     stacks: int = 1  # transformer stacks: 2 for encoder-decoders (layers count twice)
     pipeline: PipelineSpec | None = None
     # tensor parallelism: module class -> ShardPlan (models/common.py) of how parallel/tensor.py splits it

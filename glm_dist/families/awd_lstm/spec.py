@@ -7,5 +7,6 @@ from glm_dist.families.spec import FamilySpec
 
 FAMILIES = {
     "awd-lstm": FamilySpec(awd_lstm.FLAVORS, awd_lstm.awd_lstm_config, awd_lstm.AwdLstm, ("awd_lm",),
+                           tokenizer_profile="word",
                            finetune=("classify",), finetune_with="glm_dist.transfer.ulmfit:finetune_ulmfit"),
 }

@@ -23,12 +23,14 @@ def _encoder(name: str, objectives: tuple[str, ...], *, pipeline: PipelineSpec |
 
 
 FAMILIES = {
-    "bert": _encoder("bert", ("mlm_nsp", "mlm"), pipeline=ENCODER_PIPELINE, hf_classes=("BertForPreTraining",)),
-    "roberta": _encoder("roberta", ("mlm",), pipeline=ENCODER_PIPELINE, hf_classes=("RobertaForMaskedLM",)),
-    "albert": _encoder("albert", ("sop", "mlm"), hf_classes=("AlbertForPreTraining",)),
+    "bert": _encoder("bert", ("mlm_nsp", "mlm"), pipeline=ENCODER_PIPELINE, hf_classes=("BertForPreTraining",),
+                     tokenizer_profile="bert"),
+    "roberta": _encoder("roberta", ("mlm",), pipeline=ENCODER_PIPELINE, hf_classes=("RobertaForMaskedLM",),
+                        tokenizer_profile="roberta"),
+    "albert": _encoder("albert", ("sop", "mlm"), hf_classes=("AlbertForPreTraining",), tokenizer_profile="albert"),
     # ELECTRA's generator samples replacements from its whole logits: no vocabulary or sequence split
     "electra": FamilySpec(flavors_named(bert.FLAVORS, "electra-"), bert.encoder_config, bert.ElectraPair,
                           ("electra",), tensor_plans=bert.TENSOR_PLANS, hf="glm_dist.families.bert.hf",
-                          hf_classes=("ElectraForPreTraining",),
+                          hf_classes=("ElectraForPreTraining",), tokenizer_profile="bert",
                           exported="discriminator", finetune=ENCODER_FINETUNE, adapter_sites=ENCODER_ADAPTERS),
 }

@@ -21,6 +21,7 @@ class CoVeOptions:
 
 FAMILIES = {
     "cove": FamilySpec(cove.FLAVORS, cove.cove_config, cove.CoVe, ("translation", "cvt_translation"),
+                       tokenizer_profile="word",
                        prepare="glm_dist.families.cove.model:load_inputs",
                        features="glm_dist.transfer.cove:cove_features", options=CoVeOptions),
 }

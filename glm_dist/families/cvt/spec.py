@@ -17,5 +17,5 @@ class CvtOptions:
 
 
 FAMILIES = {
-    "cvt": FamilySpec(cvt.FLAVORS, cvt.cvt_config, cvt.CVT, ("cvt",), options=CvtOptions),
+    "cvt": FamilySpec(cvt.FLAVORS, cvt.cvt_config, cvt.CVT, ("cvt",), tokenizer_profile="word", options=CvtOptions),
 }

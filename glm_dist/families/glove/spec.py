@@ -6,5 +6,5 @@ from glm_dist.families.glove import model as glove
 from glm_dist.families.spec import FamilySpec
 
 FAMILIES = {
-    "glove": FamilySpec(glove.FLAVORS, glove.glove_config, glove.GloVe, ("glove",)),
+    "glove": FamilySpec(glove.FLAVORS, glove.glove_config, glove.GloVe, ("glove",), tokenizer_profile="word"),
 }

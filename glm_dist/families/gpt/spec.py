@@ -21,7 +21,7 @@ GPT_FINETUNE = dict(finetune=("classify", "entailment", "similarity", "multiple_
                     finetune_with="glm_dist.transfer.gpt:finetune_gpt", adapter_sites=("attn.proj", "mlp.proj"))
 
 FAMILIES = {
-    "gpt": FamilySpec(gpt.FLAVORS, gpt.gpt_config, gpt.GPT, ("clm",), next_token_logits=True,
+    "gpt": FamilySpec(gpt.FLAVORS, gpt.gpt_config, gpt.GPT, ("clm",), tokenizer_profile="gpt2", next_token_logits=True,
                       init_std=gpt.local_init_std,
                       tensor_plans=common.GPT_TENSOR_PLANS, vocab_plans=gpt.VOCAB_PLANS,
                       sequence_parallel=True,

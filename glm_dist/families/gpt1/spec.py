@@ -8,7 +8,7 @@ from glm_dist.families.gpt1 import model as gpt1
 from glm_dist.families.spec import FamilySpec
 
 FAMILIES = {
-    "gpt1": FamilySpec(gpt1.FLAVORS, gpt1.gpt1_config, GPT, ("clm",), next_token_logits=True,
+    "gpt1": FamilySpec(gpt1.FLAVORS, gpt1.gpt1_config, GPT, ("clm",), tokenizer_profile="gpt2", next_token_logits=True,
                        init_std=local_init_std, saved_defaults={"post_ln": True},
                        hf="glm_dist.families.gpt1.hf",
                        hf_classes=("OpenAIGPTLMHeadModel",), **GPT_FINETUNE),

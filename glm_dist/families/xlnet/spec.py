@@ -38,7 +38,8 @@ def check_segment_layout(cfg: Any, mc: xlnet.XLNetConfig, seq_len: int) -> None:
 
 
 FAMILIES = {
-    "xlnet": FamilySpec(xlnet.FLAVORS, xlnet.xlnet_config, xlnet.XLNet, ("plm",), hf="glm_dist.families.xlnet.hf",
+    "xlnet": FamilySpec(xlnet.FLAVORS, xlnet.xlnet_config, xlnet.XLNet, ("plm",),
+                        tokenizer_profile="xlnet", hf="glm_dist.families.xlnet.hf",
                         hf_classes=("XLNetLMHeadModel",), finetune=ENCODER_FINETUNE, summary_position=-1, pad_left=True,
                         adapter_sites=("attn.o", "ffn.proj"), options=XLNetOptions, check=check_segment_layout,
                         streams=lambda mc: mc.mem_len > 0),
