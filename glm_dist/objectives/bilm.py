@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch.nn.functional as F
 
 from data_pipeline.tokenize.word import char_table
 from glm_dist.objectives.base import IGNORE_INDEX, Objective
 from glm_dist.objectives.clm import TokenPacker
+from glm_dist.ops.cross_entropy import cross_entropy
 
 
 class MarkedWindows:
@@ -54,8 +54,9 @@ def chars_of(vocab) -> np.ndarray | None:
 
 
 def direction_nll(logits, labels):
-    """Summed fp32 cross-entropy of one direction's (B, T, V) logits against (B, T) labels."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    """Summed fp32 cross-entropy of one direction's (B, T, V) logits against (B, T) labels (inside
+    ``row_groups`` also summed per source: a data mixture's per-source train loss)."""
+    return cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 class BidirectionalLM(Objective):

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator, Literal
 
 import numpy as np
-import torch.nn.functional as F
 
 from glm_dist.objectives.base import IGNORE_INDEX, Objective, option, token_sums
 from glm_dist.objectives.clm import TokenPacker
 from glm_dist.objectives.permutation_lm import plm_inputs, two_part_inputs
+from glm_dist.ops.cross_entropy import cross_entropy
 
 MODEL_INPUTS = ("perm_mask", "target_mapping", "token_type_ids", "attention_mask", "mems")
 RANDOM_B = 0.5
@@ -133,7 +133,8 @@ class PermutationLM(Objective):
     def loss(self, model, batch, *, metrics):
         out = model(batch["input_ids"], **{k: batch[k] for k in MODEL_INPUTS if batch.get(k) is not None})
         logits, targets = out["logits"].flatten(0, 1), batch["target_labels"].flatten()  # (B*K, V), (B*K,)
-        nll = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        # fp32 a chunk at a time; inside row_groups it also sums per source (a mixture's per-source loss)
+        nll = cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         loss = nll / (targets != IGNORE_INDEX).sum().clamp(min=1)
         sums = token_sums(nll, logits, targets) if metrics else {}
         if out.get("mems") is not None:
