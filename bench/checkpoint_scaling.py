@@ -137,6 +137,7 @@ def old_resume(trainer, old, directory: Path) -> dict:
 def worker(args) -> None:
     from glm_dist.config.loader import load_config
     from glm_dist.parallel import comm, fragments
+    from glm_dist.families.registry import family
     from glm_dist.parallel.plan import model_shape
     from glm_dist.train.loop import Trainer
 
@@ -155,7 +156,7 @@ def worker(args) -> None:
         report["new"] = {"blocking_s": blocking, "total_s": time.perf_counter() - t0,
                          "written": trainer.ckpts.last_save["bytes"]}
         report["old"] = old_save(trainer, old, Path(args.old_dir), written)
-        report["params"] = model_shape(trainer.cfg.model.family, trainer.model_cfg).params
+        report["params"] = model_shape(family(trainer.cfg.model.family), trainer.model_cfg).params
     else:
         ckpts = trainer.ckpts
         comm.barrier()
@@ -241,10 +242,11 @@ def projection(pcie_gbs: float, node_write_gbs: float, writer_gbs: float) -> str
     writes and how long training waits, from the per-stage parameter counts ``glm plan`` uses."""
     from glm_dist.config.checks import model_config
     from glm_dist.config.loader import load_config
+    from glm_dist.families.registry import family
     from glm_dist.parallel.plan import model_shape, stage_params_by_layers
 
     cfg = load_config(str(ROOT / "configs/experiments/published/gpt3-175b.yaml"))
-    shape = model_shape("gpt", model_config(cfg))
+    shape = model_shape(family("gpt"), model_config(cfg))
     dp, pp, tp, gpus_per_node = 4, 16, 8, 8
     embed, head = shape.units[0], shape.units[-1]
     layers = stage_params_by_layers([0, *shape.units[1:-1], 0], pp, tp)  # sliced blocks per tensor rank

@@ -22,6 +22,7 @@ import torch
 
 from bench.train_throughput import DEVICE, build_ours, engine_step_fn
 from glm_dist.families.gpt.model import gpt_config
+from glm_dist.families.registry import family
 from glm_dist.observability.device_memory import GIB, device_memory
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.memory import rank_model_states
@@ -32,7 +33,7 @@ HEADROOM = 0.9  # of a GPU's memory, what glm plan's recommendation fills at mos
 
 def plan_layout(mcfg, zero: int, *, seq_len: int, batch: int):
     """``glm plan``'s layout of one GPU at ZeRO ``zero``: what ``glm plan --gpus 1`` lists for it."""
-    layouts = plan(model_shape("gpt", mcfg), gpus=1, seq_len=seq_len, micro_batch=batch, global_batch=batch,
+    layouts = plan(model_shape(family("gpt"), mcfg), gpus=1, seq_len=seq_len, micro_batch=batch, global_batch=batch,
                    precision="bf16")
     return next(lay for lay in layouts if (lay.zero, lay.offload) == (zero, "none"))
 

@@ -173,9 +173,9 @@ def test_gpt_clm_loss_never_makes_the_logits_and_equals_the_plain_loss():
 
 
 def test_plan_counts_the_loss_by_its_chunk_size():
-    from glm_dist.families.registry import resolve_model_config
+    from glm_dist.families.registry import family, resolve_model_config
 
-    shape = model_shape("gpt", resolve_model_config("gpt", "gpt2-small"))
+    shape = model_shape(family("gpt"), resolve_model_config("gpt", "gpt2-small"))
     assert shape.fused_loss
     kw = dict(gpus=8, seq_len=2048, micro_batch=8, global_batch=64)
     small, big = (plan(shape, loss_chunk=c, **kw) for c in (512, 2048))

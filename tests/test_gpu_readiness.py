@@ -15,6 +15,7 @@ import torch
 
 from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
+from glm_dist.families.registry import family
 from glm_dist.observability import flops
 from glm_dist.observability.flops import matmul_dtype, measure_matmul_peak, mfu_peak, peak_flops
 from glm_dist.parallel.plan import GB, model_shape, model_state_bytes, plan, recommend
@@ -57,7 +58,7 @@ def test_plan_counts_what_the_bf16_optimizer_holds(nproc, shards_dir, tmp_path):
                            str(script), TINY, *overrides], cwd=ROOT, env=clean_env(threads=max(1, 2 // nproc)),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    shape = model_shape("gpt", model_config(load_config(TINY, overrides)))
+    shape = model_shape(family("gpt"), model_config(load_config(TINY, overrides)))
     weights, grads, optimizer, _ = model_state_bytes(shape.params, shape.largest_layer, nproc, 1, "none", "bf16")
     for rank in range(nproc):
         peak = json.loads((tmp_path / f"peak_rank{rank}.json").read_text())
@@ -76,7 +77,7 @@ def test_bf16_zero1_plan_of_the_gpt3_13b_recipe_needs_more_than_an_80_gb_card():
     """The 13B recipe's layout (DP=256, ZeRO-1, bf16) was planned at ~52 GB per GPU; BF16_Optimizer
     makes it ~99 GiB, so glm plan recommends another layout that fits."""
     cfg = load_config(str(ROOT / "configs/experiments/published/gpt3-13b.yaml"))
-    shape = model_shape("gpt", model_config(cfg))
+    shape = model_shape(family("gpt"), model_config(cfg))
     w, g, o, cpu = model_state_bytes(shape.params, shape.largest_layer, 256, 1, "none", "bf16")
     assert (w, g, o, cpu) == (2 * shape.params, 6 * shape.params, 12 * shape.params / 256, 0.0)
     layouts = plan(shape, gpus=256, seq_len=2048, micro_batch=2, global_batch=1024)

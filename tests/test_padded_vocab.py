@@ -165,6 +165,7 @@ import json, sys
 from dataclasses import replace
 import torch, torch.distributed as dist
 from glm_dist.families.gpt.model import GPT, gpt_config
+from glm_dist.families.registry import family
 from glm_dist.objectives.registry import get_objective
 from glm_dist.ops.cross_entropy import cross_entropy, predicted, vocab_split
 from glm_dist.parallel.tensor import model_vocab_split, shard_model
@@ -178,7 +179,8 @@ padded = GPT(replace(cfg, pad_vocab_to_multiple_of=128))  # 384 rows: rank 1 hol
 padded.load_state_dict(whole.state_dict())
 with torch.no_grad():
     padded.embed.wte.weight[300:].normal_(0, 3.0)
-shard_model(padded, rank, 2, None, vocab=True)
+spec = family("gpt")
+shard_model(padded, rank, 2, None, plans=spec.tensor_plans, vocab_plans=spec.vocab_plans)
 split = model_vocab_split(padded)
 ids = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(1))
 batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}

@@ -10,6 +10,7 @@ import pytest
 
 from glm_dist.config.loader import ConfigError, load_config
 from glm_dist.config.checks import model_config, validate
+from glm_dist.families.registry import family
 from glm_dist.parallel.plan import model_shape, model_state_bytes, plan, recommend, stage_params, stage_params_by_layers
 from glm_dist.parallel.topology import Topology
 from tests.conftest import ROOT, TINY, clean_env, tagged_json
@@ -57,7 +58,7 @@ def test_bad_world_size_is_refused_before_training():
 
 def shape_of(flavor: str):
     cfg = load_config(TINY, [f"model.flavor={flavor}", "model.vocab_size=50257", "model.context_length=1024"])
-    return model_shape("gpt", model_config(cfg))
+    return model_shape(family("gpt"), model_config(cfg))
 
 
 @pytest.mark.parametrize("gpus", [8, 64])
@@ -204,7 +205,7 @@ def test_pipeline_stages_carry_the_models_own_weights():
     import torch
 
     from glm_dist.families.gpt.model import GPT, gpt_config
-    from glm_dist.parallel.pipeline import gpt_source_name as _source_name
+    from glm_dist.families.gpt.pipeline import gpt_source_name as _source_name
 
     model = GPT(gpt_config("tiny", n_layer=2))
     names = set(model.state_dict())
@@ -284,7 +285,7 @@ def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shar
     if "parallel.pipeline_stages=2" not in layout:  # each tensor rank holds what glm plan says it holds
         from glm_dist.parallel.plan import params_per_rank
 
-        shape = model_shape("gpt", model_config(load_config(TINY, [o for o in PIPE if o.startswith("model.")])))
+        shape = model_shape(family("gpt"), model_config(load_config(TINY, [o for o in PIPE if o.startswith("model.")])))
         measured = [json.loads((tmp_path / f"model_states_rank{r}.json").read_text())["params"] / 4
                     for r in range(nproc)]
         whole = json.loads((reference / "model_states_rank0.json").read_text())["params"] / 4
@@ -388,7 +389,7 @@ def test_encoder_decoder_tensor_parallel_matches_one_process(config, profile, ex
     # moves the fifth decimal
     assert len(tp) == 3 and max(abs(a - b) / max(1.0, abs(a)) for a, b in zip(one, tp)) <= PIPE_TOL, (one, tp)
     assert_same_weights(tmp_path / "tp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003")
-    shape = model_shape(config, model_config(load_config(cfg, [o for o in [*PIPE, "model.n_layer=2", *extra]
+    shape = model_shape(family(config), model_config(load_config(cfg, [o for o in [*PIPE, "model.n_layer=2", *extra]
                                                                if o.startswith("model.")])))
     measured = [json.loads((tmp_path / f"tp2/model_states_rank{r}.json").read_text())["params"] / 4 for r in range(2)]
     assert json.loads((tmp_path / "one/model_states_rank0.json").read_text())["params"] / 4 == shape.params
@@ -415,7 +416,8 @@ def test_pipeline_partitions_by_blocks_or_parameters_and_refuses_empty_stages():
     from torch import nn
 
     from glm_dist.families.gpt.model import GPTBlock, GPTEmbedding, gpt_config
-    from glm_dist.parallel.pipeline import TIED, TiedOutput, _logits, check_partition
+    from glm_dist.families.gpt.pipeline import TiedOutput, _logits
+    from glm_dist.parallel.pipeline import TIED, check_partition
 
     cfg = gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048)
     specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),

@@ -12,6 +12,7 @@ import pytest
 from glm_dist.config.checks import model_config
 from glm_dist.config.deepspeed_json import zero_buffers
 from glm_dist.config.loader import load_config
+from glm_dist.families.registry import family
 from glm_dist.parallel.plan import GB, model_shape, phase_bytes, plan, recommend
 from tests.conftest import ROOT, TINY, clean_env, tagged_json
 
@@ -159,7 +160,7 @@ def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
 @pytest.mark.parametrize("world, precision", [(1, "bf16"), pytest.param(2, "bf16", marks=pytest.mark.slow),
                                               pytest.param(2, "fp32", marks=pytest.mark.slow)])
 def test_plan_counts_what_the_deepspeed_engine_allocates(world, precision, tmp_path):
-    shape = model_shape("gpt", model_config(load_config(TINY, TINY_MODEL)))
+    shape = model_shape(family("gpt"), model_config(load_config(TINY, TINY_MODEL)))
     for zero, row in engine_bytes(world, precision, tmp_path).items():
         assert row["optimizer"] == WRAPPERS[precision][zero]
         assert row["params"] == shape.params
@@ -183,7 +184,7 @@ def test_zero_buffers_follow_the_model_width_up_to_deepspeeds_defaults():
 
 
 def test_zero2_and_3_on_one_data_parallel_rank_are_marked_and_never_recommended():
-    shape = model_shape("gpt", model_config(load_config(TINY, ["model.flavor=gpt2-xl", "model.vocab_size=50257",
+    shape = model_shape(family("gpt"), model_config(load_config(TINY, ["model.flavor=gpt2-xl", "model.vocab_size=50257",
                                                                 "model.context_length=1024"])))
     one = plan(shape, gpus=1, seq_len=1024, micro_batch=4, global_batch=4)
     assert {(lay.zero, lay.offload) for lay in one if lay.saves_nothing} == {(2, "none"), (3, "none")}

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from glm_dist.families.registry import family
 from tests.conftest import ROOT, TINY, clean_env
 
 ROBERTA = str(ROOT / "configs/experiments/roberta-tiny-cpu.yaml")
@@ -25,7 +26,7 @@ from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
 from glm_dist.data.loader import validation_batches
 from glm_dist.models.common import CausalSelfAttention
-from glm_dist.families.registry import build_model
+from glm_dist.families.registry import build_model, family
 from glm_dist.objectives.registry import get_objective, options_from_config
 from glm_dist.ops.cross_entropy import cross_entropy, linear_cross_entropy, predicted, vocab_split
 from glm_dist.parallel import comm
@@ -100,12 +101,14 @@ report["ops"] = {
 
 
 # -- 2. GPT (clm) and RoBERTa (mlm): whole, TP (vocabulary split), TP + SP --------------------------
-def build(family, mc, mode, **cfg_over):
+def build(name, mc, mode, **cfg_over):
     from dataclasses import replace
     torch.manual_seed(0)
-    model = build_model(family, replace(mc, **cfg_over))
+    model = build_model(name, replace(mc, **cfg_over))
     if mode != "whole":
-        shard_model(model, rank, size, group, vocab=True, sequence=mode == "tp_sp")
+        spec = family(name)
+        shard_model(model, rank, size, group, plans=spec.tensor_plans, vocab_plans=spec.vocab_plans,
+                    sequence=mode == "tp_sp")
     return model
 
 
@@ -182,7 +185,7 @@ def heads_output(p):
     w = attn.qkv.weight.data.view(3, 4, 8, 32)
     w[:, 2:] = w[:, :2]
     attn.qkv.bias.data.view(3, 4, 8)[:, 2:] = attn.qkv.bias.data.view(3, 4, 8)[:, :2]
-    shard_model(attn, rank, size, group)
+    shard_model(attn, rank, size, group, plans=family("gpt").tensor_plans)
     seen = {}
     attn.proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("y", a[0].detach()))
     attn(torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(5)))
@@ -282,7 +285,7 @@ def test_sequence_parallel_cuts_saved_activations_by_the_tensor_size_as_glm_plan
         assert abs(saved["tp_sp"] / saved["whole"] - 0.5) < 0.03, saved
         assert 0.55 < saved["tp"] / saved["whole"] < 0.9, saved  # fp32: 0.60 measured, 0.5 with SP
     assert layer_activations(64, 4, 64, 2, sequence_parallel=True) / layer_activations(64, 4, 64) == 0.5
-    shape = model_shape("gpt", model_config(load_config(TINY, ["model.n_layer=2", "model.d_model=64"])))
+    shape = model_shape(family("gpt"), model_config(load_config(TINY, ["model.n_layer=2", "model.d_model=64"])))
     layouts = plan(shape, gpus=2, seq_len=64, micro_batch=4, global_batch=8, sequence_parallel=True)
     assert all(lay.sequence_parallel == (lay.tp == 2) for lay in layouts)
 

@@ -8,6 +8,7 @@ import json
 from glm_dist.commands.shared import config_args
 from glm_dist.config.checks import model_config, seq_len
 from glm_dist.config.loader import load_config
+from glm_dist.families.registry import family
 from glm_dist.parallel.plan import format_plan, model_shape, plan, recommend
 
 HELP = "memory per GPU of every (DP, PP, TP, ZeRO, offload) layout, and the one to use"
@@ -24,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    shape = model_shape(cfg.model.family, model_config(cfg))
+    shape = model_shape(family(cfg.model.family), model_config(cfg))
     t, par = cfg.train, cfg.parallel
     global_batch = t.global_batch_size or t.micro_batch_size * t.grad_accum_steps * max(
         1, args.gpus // (par.pipeline_stages * par.tensor_parallel))

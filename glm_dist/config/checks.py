@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any
 
 from glm_common.config_bounds import TOKENS, check_bounds
+from glm_dist.config.layout import Layout, check_layout
 from glm_dist.config.loader import ConfigError, source_of
 from glm_dist.config.schema import Config, ModelConfig
 from glm_dist.families.registry import FAMILIES, family, resolve_model_config
@@ -206,10 +207,8 @@ def check_eval(cfg: Config) -> None:
 
 def check_parallel_layout(cfg: Config, world_size: int) -> None:
     """The data x pipeline x tensor layout: sizes that multiply to the world size and divide the model."""
-    from glm_dist.parallel.topology import Topology, check_layout
-
     p, mc = cfg.parallel, model_config(cfg)
-    topo = Topology.for_world(world_size, p.pipeline_stages, p.tensor_parallel)
+    topo = Layout.for_world(world_size, p.pipeline_stages, p.tensor_parallel)
     spec = family(cfg.model.family)
     check_family_layout(cfg, spec, topo)  # what the family cannot split, named, before any size check
     check_layout(topo, n_layer=mc.n_layer * spec.stacks, n_head=getattr(mc, "n_head", 1),

@@ -1,17 +1,17 @@
 """Pipeline parallelism with DeepSpeed's ``PipelineModule``, cut from the model's own layers.
 
-The GPT layer list -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, the final LayerNorm, the output
-projection -- becomes layer specs of the same classes; the output projection is a ``TiedLayerSpec``
-of the token embedding, so the first and the last stage hold the same matrix and DeepSpeed
-all-reduces its gradient between them. Stages get equal numbers of transformer blocks (DeepSpeed's
-``type:GPTBlock``; the embedding joins the first, the final norm and output the last), which also
-keeps a block on every stage: a stage holding only the tied output copy hangs ZeRO-1
-(``parallel.pipeline_partition=parameters`` balances parameter counts instead, and is refused
-when it would leave a stage without a block). The stage's weights are then copied from the whole
-model built with the run's seed,
-so a pipelined run starts from the same weights as an unpipelined one and follows the same loss
-trajectory. (Building the whole model first is fine up to what one host holds; beyond that,
-construct on the meta device.)
+The generic half: a family's pipeline module (``families/<family>/pipeline.py``, named by its row's
+``PipelineSpec``) lists its layers as DeepSpeed layer specs -- the embedding, the blocks, the head --
+with the output projection a ``TiedLayerSpec`` of the token embedding, so the first and the last stage
+hold the same matrix and DeepSpeed all-reduces its gradient between them; ``build_pipeline`` cuts them.
+Stages get equal numbers of transformer blocks (DeepSpeed's ``type:<Block>``; the embedding joins the
+first, the head the last), which also keeps a block on every stage: a stage holding only the tied
+output copy hangs ZeRO-1 (``parallel.pipeline_partition=parameters`` balances parameter counts
+instead, and is refused when it would leave a stage without a block). The stage's weights are then
+copied from the whole model built with the run's seed, so a pipelined run starts from the same weights
+as an unpipelined one and follows the same loss trajectory. (Building the whole model first is fine
+up to what one host holds; beyond that, construct on the meta device.) The loss runs on the last
+stage (``NonFiniteGuard``, ``pipeline_validate``).
 """
 from __future__ import annotations
 
@@ -20,28 +20,10 @@ import math
 import torch
 from torch import nn
 
-from glm_dist.families.bert.model import Encoder, EncoderBlock, EncoderEmbedding, pipeline_refusal
-from glm_dist.models.common import VocabPlan, normal_init_std
-from glm_dist.families.gpt.model import GPT, GPTBlock, GPTEmbedding, local_init_std
 from glm_dist.objectives.base import IGNORE_INDEX, token_report
 from glm_dist.parallel import comm
-from glm_dist.parallel.tensor import output_logits
 
 TIED = "embed"
-
-
-class TiedOutput(nn.Module):
-    """The last stage's copy of the token embedding, used as the output projection."""
-
-    VOCAB_PLAN = VocabPlan(embedding="wte")  # split by vocabulary like the first stage's embedding
-
-    def __init__(self, vocab_size: int, d_model: int):
-        super().__init__()
-        self.wte = nn.Embedding(vocab_size, d_model)
-
-
-def _logits(module: TiedOutput, x: torch.Tensor) -> torch.Tensor:
-    return output_logits(module.wte, x)  # this rank's vocabulary columns when the embedding is split
 
 
 PARTITIONS = {"blocks": "type:{block}", "parameters": "parameters"}
@@ -82,25 +64,22 @@ def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, 
         init_stage(pipe, rename, std=std(model.cfg), seed=local_seed)
 
 
-def gpt_pipeline(model: GPT, *, stages: int, loss_fn, topology=None, partition: str = "blocks",
-                 checkpoint_interval: int = 0, local_seed: int | None = None):
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+def build_pipeline(model: nn.Module, specs: list, *, block: type, rename, std, stages: int, loss_fn,
+                   topology=None, partition: str = "blocks", checkpoint_interval: int = 0,
+                   local_seed: int | None = None, checkpointable: str | None = None):
+    """A family's layer ``specs`` cut into ``stages`` (``block``: its transformer block class, what
+    the stages balance), weights from ``model`` (``rename``: a stage's state-dict key -> the model's
+    name; ``std``: model config -> the per-parameter std of a ``local_seed`` draw).
+    ``checkpointable``: the layer class activation checkpointing recomputes (default the block's name;
+    never the embedding, whose input is token ids)."""
+    from deepspeed.pipe import PipelineModule
 
-    cfg = model.cfg
-    # The embedding is its own forward (a module in DeepSpeed's layer list, so its weights are saved
-    # with the checkpoint); the output projection reuses it through a function, and DeepSpeed
-    # re-broadcasts the tied matrix from the first stage after a load.
-    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
-             *[LayerSpec(GPTBlock, cfg, i) for i in range(cfg.n_layer)],
-             LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
-             TiedLayerSpec(TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits,
-                           tied_weight_attr=["wte.weight"])]
-    check_partition(specs, stages, partition, GPTBlock)
+    check_partition(specs, stages, partition, block)
     pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block="GPTBlock"),
+                          loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block=block.__name__),
                           activation_checkpoint_interval=checkpoint_interval,
-                          checkpointable_layers=["GPTBlock"])  # not the embedding: its input is token ids
-    _fill(model, pipe, lambda key: gpt_source_name(key, cfg.n_layer), local_seed, std=local_init_std)
+                          checkpointable_layers=[checkpointable or block.__name__])
+    _fill(model, pipe, rename, local_seed, std=std)
     mark_for_grad_norm(pipe)
     return pipe
 
@@ -116,7 +95,7 @@ def mark_for_grad_norm(pipe, tensor_rank: int = 0) -> None:
     mark(pipe, tensor_rank, exclude=tied if pipe.stage_id != 0 else set())
 
 
-def _unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | None:
+def unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | None:
     """The unpipelined model's name for a PipelineModule state-dict key: the tied embedding, the
     blocks (layers 1..n_layer), and ``after[k]`` as the prefix of layer ``n_layer + k``."""
     if key.startswith(f"tied_modules.{TIED}."):
@@ -131,14 +110,9 @@ def _unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | No
     return None if prefix is None else prefix + rest
 
 
-def gpt_source_name(key: str, n_layer: int) -> str | None:
-    """GPT: the final LayerNorm follows the blocks."""
-    return _unpipelined_name(key, n_layer, {1: "head.ln_f."})
-
-
-def copy_weights(model: nn.Module, pipe: nn.Module, rename=None) -> None:
-    """Give this stage's layers the whole model's weights (the tied output uses the embedding)."""
-    rename = rename or (lambda key: gpt_source_name(key, model.cfg.n_layer))
+def copy_weights(model: nn.Module, pipe: nn.Module, rename) -> None:
+    """Give this stage's layers the whole model's weights (the tied output uses the embedding);
+    ``rename``: a stage's state-dict key -> the model's name for it."""
     source = model.state_dict()
     target = pipe.state_dict()
     for key in target:
@@ -210,91 +184,3 @@ def pipeline_validate(engine, batches, byte_lengths: torch.Tensor, objective) ->
     if "bytes" in objective.sums:
         out["bits_per_byte"] = nll / math.log(2) / max(nbytes, 1)
     return out
-
-
-# -- the encoder family (BERT / RoBERTa, MLM) --------------------------------------------------------
-# Layer list: the embedding (tied), n_layer blocks, the MLM transform (dense, activation,
-# LayerNorm), the decoder projection (tied to the word embedding) and the decoder bias. Between
-# stages travel the hidden states and the (B, T) attention mask.
-class PipeEncoderBlock(EncoderBlock):
-    """An encoder block that takes and returns (hidden, attention mask)."""
-
-    def forward(self, inputs):
-        x, mask = inputs
-        return super().forward(x, mask.bool()[:, None, None, :]), mask
-
-
-class MLMTransform(nn.Module):
-    """The MLM head up to the decoder: dense -> activation -> LayerNorm (names as ``MLMHead``)."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        from glm_dist.families.bert.model import _act
-
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.act = _act(cfg.activation)
-
-    def forward(self, inputs):
-        x, _ = inputs
-        return self.ln(self.act(self.dense(x)))
-
-
-class TiedWord(nn.Module):
-    """The last stage's copy of the word embedding, used as the MLM decoder's weight."""
-
-    VOCAB_PLAN = VocabPlan(embedding="word")
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.word = nn.Embedding(cfg.vocab_size, cfg.emb)
-
-
-class DecoderBias(nn.Module):
-    """The MLM decoder's vocabulary-sized bias, a layer of its own on the last stage."""
-
-    VOCAB_PLAN = VocabPlan(biases=("bias",))
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.bias = nn.Parameter(torch.zeros(vocab_size))
-
-    def forward(self, logits):
-        return logits + self.bias
-
-
-def _embed(module: EncoderEmbedding, inputs):
-    ids, mask = inputs
-    return module(ids), mask
-
-
-def _decode(module: TiedWord, x):
-    return output_logits(module.word, x)
-
-
-def encoder_source_name(key: str, n_layer: int) -> str | None:
-    """Encoder: the MLM transform, then (after the tied decoder weight) the decoder's bias."""
-    return _unpipelined_name(key, n_layer, {1: "head.mlm.", 3: "head.mlm.decoder."})
-
-
-def encoder_pipeline(model: Encoder, *, stages: int, loss_fn, topology=None, partition: str = "blocks",
-                     checkpoint_interval: int = 0, local_seed: int | None = None):
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-
-    cfg = model.cfg
-    refusal = pipeline_refusal(cfg)
-    if refusal:
-        raise ValueError(refusal)
-    specs = [TiedLayerSpec(TIED, EncoderEmbedding, cfg, forward_fn=_embed, tied_weight_attr=["word.weight"]),
-             *[LayerSpec(PipeEncoderBlock, cfg) for _ in range(cfg.n_layer)],
-             LayerSpec(MLMTransform, cfg),
-             TiedLayerSpec(TIED, TiedWord, cfg, forward_fn=_decode, tied_weight_attr=["word.weight"]),
-             LayerSpec(DecoderBias, cfg.vocab_size)]
-    check_partition(specs, stages, partition, EncoderBlock)
-    pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block="EncoderBlock"),
-                          activation_checkpoint_interval=checkpoint_interval,
-                          checkpointable_layers=["PipeEncoderBlock"])  # not the embedding: its input is token ids
-    _fill(model, pipe, lambda key: encoder_source_name(key, cfg.n_layer), local_seed, std=normal_init_std)
-    mark_for_grad_norm(pipe)
-    return pipe

@@ -69,26 +69,24 @@ class ModelShape:
     sequence_parallel: bool = False  # the family's blocks can be cut along the sequence
 
 
-def model_shape(family: str, model_cfg) -> ModelShape:
-    from glm_dist.families.registry import build_model, family as family_spec
-
+def model_shape(spec, model_cfg) -> ModelShape:
+    """The shape of ``spec``'s model (a family's ``FamilySpec`` row: ``family(name)``) at ``model_cfg``,
+    built on the meta device: its units, and what its plans split."""
     from glm_dist.parallel.tensor import tensor_parameters, vocab_parameters
 
     with torch.device("meta"):
-        model = build_model(family, model_cfg)
+        model = spec.model(model_cfg)
     params = sum(p.numel() for p in model.parameters())
     units = [sum(p.numel() for p in u.parameters()) for u in _units(model)]
-    spec = family_spec(family)
-    split = {id(p) for p in vocab_parameters(model)} if spec.vocab_parallel else set()
+    split = {id(p) for p in vocab_parameters(model, spec.vocab_plans)} if spec.vocab_parallel else set()
     vocab_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in split) for u in _units(model))
-    heads = {id(p) for p in tensor_parameters(model)}
+    heads = {id(p) for p in tensor_parameters(model, spec.tensor_plans)}
     tensor_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in heads) for u in _units(model))
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    stacks = family_spec(family).stacks  # encoder-decoders count both stacks
     ffn = getattr(model_cfg, "d_ff", None) or 4 * model_cfg.d_model
-    return ModelShape(params, units, largest, model_cfg.n_layer * stacks, model_cfg.n_head, model_cfg.d_model,
-                      ffn, model_cfg.vocab_size, max_pp=0 if spec.pipeline else 1,
-                      max_tp=0 if spec.tensor_parallel else 1,
+    return ModelShape(params, units, largest, model_cfg.n_layer * spec.stacks,  # encoder-decoders count both
+                      model_cfg.n_head, model_cfg.d_model, ffn, model_cfg.vocab_size,
+                      max_pp=0 if spec.pipeline else 1, max_tp=0 if spec.tensor_parallel else 1,
                       fused_loss=getattr(model, "fused_loss", False), vocab_units=vocab_units,
                       tensor_units=tensor_units if spec.tensor_parallel else (),
                       sequence_parallel=spec.sequence_parallel)

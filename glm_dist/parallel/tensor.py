@@ -12,7 +12,8 @@ The model is built whole (from the run's seed, like every other layout) and then
 each rank keeps its slice of the same weights, so a TP run starts where a one-process run starts
 and follows its loss. Which modules split how is data each family declares in its registry row
 (``tensor_plans``: module class -> ``ShardPlan`` of attribute paths, next to the classes in
-``models/<family>.py``); the model code stays free of distribution code (docs/architecture.md, decision 2).
+``families/<family>/``), which the caller hands in; the model code stays free of distribution code
+(docs/architecture.md, decision 2), and this module knows no family.
 Encoder-decoders (T5, BART) split both stacks and their cross-attention the same way: the encoder's
 output is replicated on the tensor ranks and enters each rank's key/value columns as a column-parallel
 input; T5's relative-position bias table (one column per head) is split with the heads.
@@ -170,21 +171,9 @@ def output_logits(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # -- which modules split how -----------------------------------------------------------------------
-def _plans() -> dict[type, ShardPlan]:
-    """Every family's module class -> how it splits (the registry's ``tensor_plans``)."""
-    from glm_dist.families.registry import FAMILIES
-
-    return {cls: plan for spec in FAMILIES.values() for cls, plan in spec.tensor_plans.items()}
-
-
-def _vocab_plans() -> dict[type, VocabPlan]:
-    """Every family's module class -> how its vocabulary splits (the registry's ``vocab_plans``); the
-    pipeline's stage modules carry their own as ``VOCAB_PLAN``."""
-    from glm_dist.families.registry import FAMILIES
-
-    return {cls: plan for spec in FAMILIES.values() for cls, plan in spec.vocab_plans.items()}
-
-
+# A family's row declares its plans (``tensor_plans``: module class -> ShardPlan; ``vocab_plans``: module
+# class -> VocabPlan); the caller hands them in, so this module knows no family. A pipeline's stage
+# modules carry their vocabulary plan as ``VOCAB_PLAN``.
 def _plan_of(module: nn.Module, plans: dict):
     return next((plans[c] for c in type(module).__mro__ if c in plans), None)
 
@@ -194,10 +183,12 @@ def _vocab_plan_of(module: nn.Module, plans: dict[type, VocabPlan]) -> VocabPlan
     return _plan_of(module, plans) or getattr(module, "VOCAB_PLAN", None)
 
 
-def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | None:
+def shard_vocab(model: nn.Module, rank: int, size: int, group, *,
+                plans: dict[type, VocabPlan]) -> VocabSplit | None:
     """Replace, in place, the token embedding by this rank's rows and its tied output projections
-    by this rank's columns; returns the split (None: this stage holds no vocabulary)."""
-    plans, split = _vocab_plans(), None
+    by this rank's columns (``plans``: the family's ``vocab_plans``); returns the split (None: this
+    stage holds no vocabulary)."""
+    split = None
     embeddings: dict[int, VocabParallelEmbedding] = {}  # id(whole weight) -> its split
     modules = list(model.modules())
     for module in modules:
@@ -223,10 +214,10 @@ def shard_vocab(model: nn.Module, rank: int, size: int, group) -> VocabSplit | N
     return split
 
 
-def vocab_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters ``shard_vocab`` would split (on the meta device too): embedding weights (tied
-    outputs share them), the outputs' biases and vocabulary-sized biases."""
-    plans, out = _vocab_plans(), {}
+def vocab_parameters(model: nn.Module, plans: dict[type, VocabPlan]) -> list[nn.Parameter]:
+    """The parameters ``shard_vocab`` would split with ``plans`` (on the meta device too): embedding
+    weights (tied outputs share them), the outputs' biases and vocabulary-sized biases."""
+    out = {}
     for module in model.modules():
         plan = _vocab_plan_of(module, plans)
         if plan is None:
@@ -238,10 +229,11 @@ def vocab_parameters(model: nn.Module) -> list[nn.Parameter]:
     return list(out.values())
 
 
-def tensor_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters ``shard_model`` splits by heads / FFN width (on the meta device too): the planned
-    linears' weights, the column-parallel ones' biases (a row-parallel bias stays whole) and head tables."""
-    plans, out = _plans(), {}
+def tensor_parameters(model: nn.Module, plans: dict[type, ShardPlan]) -> list[nn.Parameter]:
+    """The parameters ``shard_model`` splits with ``plans`` by heads / FFN width (on the meta device too):
+    the planned linears' weights, the column-parallel ones' biases (a row-parallel bias stays whole) and
+    head tables."""
+    out = {}
     for module in model.modules():
         plan = _plan_of(module, plans)
         if plan is None:
@@ -298,16 +290,17 @@ def _set(module: nn.Module, path: str, value: nn.Module) -> None:
         setattr(module, name, value)
 
 
-def shard_model(model: nn.Module, rank: int, size: int, group, *, vocab: bool = False,
-                sequence: bool = False) -> int:
-    """Replace, in place, every planned linear by this rank's column or row slice; returns how many
-    modules were sharded. A module shared by several blocks (ALBERT) is sharded once. ``vocab``:
+def shard_model(model: nn.Module, rank: int, size: int, group, *, plans: dict[type, ShardPlan],
+                vocab_plans: dict[type, VocabPlan] | None = None, sequence: bool = False) -> int:
+    """Replace, in place, every linear ``plans`` (the family's ``tensor_plans``) names by this rank's
+    column or row slice; returns how many modules were sharded. A module shared by several blocks
+    (ALBERT) is sharded once. ``vocab_plans`` (the family's; None: the vocabulary stays whole):
     split the token embedding and its tied output over the vocabulary too (``shard_vocab``);
     ``sequence``: then cut the residual stream along the sequence (``parallel/sequence.py``).
     Split heads draw their attention dropout from this rank's own stream (``parallel/rng.py``)."""
     if size == 1:
         return 0
-    plans, done, rng = _plans(), set(), TensorRankRNG(rank)
+    done, rng = set(), TensorRankRNG(rank)
     for module in list(model.modules()):
         plan = _plan_of(module, plans)
         if plan is None or id(module) in done:
@@ -340,8 +333,8 @@ def shard_model(model: nn.Module, rank: int, size: int, group, *, vocab: bool = 
         if plan.heads:
             setattr(module, plan.heads, getattr(module, plan.heads) // size)
             module.probs_rng = rng.fork  # the model's hook for its attention-probability dropout
-    if vocab:
-        shard_vocab(model, rank, size, group)
+    if vocab_plans is not None:
+        shard_vocab(model, rank, size, group, plans=vocab_plans)
     if sequence:
         apply_sequence_parallel(model, group, rng)
     return len(done)

@@ -197,15 +197,19 @@ class Trainer:
 
         self.mpu = ParallelGroups(self.topo, self.dist.rank)
         self.tensor_group = self.mpu.get_model_parallel_group()
-        shard_model(model, self.coords["tensor"], self.topo.tensor, self.tensor_group, vocab=self._vocab_parallel,
+        shard_model(model, self.coords["tensor"], self.topo.tensor, self.tensor_group, **self._plans,
                     sequence=self.cfg.parallel.sequence_parallel)
         self.vocab_split = model_vocab_split(model)
         mark_for_grad_norm(model, self.coords["tensor"])
         return model
 
     @property
-    def _vocab_parallel(self) -> bool:
-        return self.cfg.parallel.vocab_parallel and family(self.cfg.model.family).vocab_parallel
+    def _plans(self) -> dict:
+        """``shard_model``'s plans: the family's tensor plans, and its vocabulary plans where the config and
+        the family split the vocabulary."""
+        spec = family(self.cfg.model.family)
+        vocab = self.cfg.parallel.vocab_parallel and spec.vocab_parallel
+        return {"plans": spec.tensor_plans, "vocab_plans": spec.vocab_plans if vocab else None}
 
     def _stage_loss(self, logits, labels):
         """A pipeline's last stage: the objective's loss, on this rank's vocabulary columns."""
@@ -250,7 +254,7 @@ class Trainer:
             raise ConfigError(str(err)) from None
         if self.topo.tensor > 1:
             self.tensor_group = pipe._grid.get_slice_parallel_group()
-            shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group, vocab=self._vocab_parallel)
+            shard_model(pipe, self.coords["tensor"], self.topo.tensor, self.tensor_group, **self._plans)
             self.vocab_split = model_vocab_split(pipe)
         pipeline.mark_for_grad_norm(pipe, tensor_rank=self.coords["tensor"])
         # the tied embedding's copies on the first and the last stage each write half of it

@@ -9,8 +9,8 @@ from glm_dist.models import common
 ENCODER_ADAPTERS = ("attn.dense", "ffn.proj")
 # BERT's heads: [CLS] classification, span extraction and token classification (transfer/token_tasks.py)
 ENCODER_FINETUNE = ("classify", "span", "tokens")
-ENCODER_PIPELINE = PipelineSpec("glm_dist.parallel.pipeline:encoder_pipeline",
-                                "glm_dist.parallel.pipeline:encoder_source_name", ("mlm",), bert.pipeline_refusal)
+ENCODER_PIPELINE = PipelineSpec("glm_dist.families.bert.pipeline:encoder_pipeline",
+                                "glm_dist.families.bert.pipeline:encoder_source_name", ("mlm",), bert.pipeline_refusal)
 
 
 def _encoder(name: str, objectives: tuple[str, ...], *, pipeline: PipelineSpec | None = None, **kw) -> FamilySpec:

@@ -1,0 +1,51 @@
+"""GPT cut into pipeline stages (its row's ``PipelineSpec``; the cutting is ``parallel/pipeline.py``'s).
+
+The layer list -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, the final LayerNorm, the output
+projection -- becomes layer specs of the same classes; the output projection is a tied copy of the
+token embedding on the last stage.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from glm_dist.families.gpt.model import GPT, GPTBlock, GPTEmbedding, local_init_std
+from glm_dist.models.common import VocabPlan
+from glm_dist.parallel.pipeline import TIED, build_pipeline, unpipelined_name
+from glm_dist.parallel.tensor import output_logits
+
+
+class TiedOutput(nn.Module):
+    """The last stage's copy of the token embedding, used as the output projection."""
+
+    VOCAB_PLAN = VocabPlan(embedding="wte")  # split by vocabulary like the first stage's embedding
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, d_model)
+
+
+def _logits(module: TiedOutput, x: torch.Tensor) -> torch.Tensor:
+    return output_logits(module.wte, x)  # this rank's vocabulary columns when the embedding is split
+
+
+def gpt_source_name(key: str, n_layer: int) -> str | None:
+    """GPT: the final LayerNorm follows the blocks."""
+    return unpipelined_name(key, n_layer, {1: "head.ln_f."})
+
+
+def gpt_pipeline(model: GPT, *, stages: int, loss_fn, **layout):
+    """``layout``: topology, partition, checkpoint_interval, local_seed (``build_pipeline``)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    cfg = model.cfg
+    # The embedding is its own forward (a module in DeepSpeed's layer list, so its weights are saved
+    # with the checkpoint); the output projection reuses it through a function, and DeepSpeed
+    # re-broadcasts the tied matrix from the first stage after a load.
+    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
+             *[LayerSpec(GPTBlock, cfg, i) for i in range(cfg.n_layer)],
+             LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
+             TiedLayerSpec(TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits,
+                           tied_weight_attr=["wte.weight"])]
+    return build_pipeline(model, specs, block=GPTBlock, rename=lambda key: gpt_source_name(key, cfg.n_layer),
+                           std=local_init_std, stages=stages, loss_fn=loss_fn, **layout)
