@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
+import torch
 from torch import nn
 
 
@@ -28,6 +29,23 @@ class NoOptions:
 
 def _never(model_cfg: Any) -> bool:
     return False
+
+
+class HFAdapter(Protocol):
+    """What a family's transformers adapter module (``FamilySpec.hf``, ``families/<family>/hf.py``) provides:
+    the same two functions in every family, so ``glm export-hf`` and an import need no per-family branch.
+    A family's own extras are keyword options with defaults (GPT's ``pad_vocab_to_multiple_of``);
+    tests/test_hf_import.py checks every adapter's signatures against these."""
+
+    def export_hf(self, cfg: Any, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+                  tokenizer_file: str | None = None, profile: str | None = None) -> None:
+        """Write a folder the row's ``hf_classes`` and ``AutoTokenizer`` load: ``cfg`` and ``state_dict`` are
+        the exported module's (ELECTRA's discriminator), ``profile`` the tokenizer profile naming the special
+        tokens (None: the family's own)."""
+
+    def import_hf(self, hf_model: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+        """A transformers model of the row's classes -> the exported module's config and state dict (the
+        inverse of ``export_hf``'s names), ready for ``model(cfg).load_state_dict``."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +80,7 @@ class FamilySpec:
     # train.init=local: model config -> the std of each parameter's normal draw by its name (parallel/init.py
     # draws every parameter from its own seeded generator, so no rank builds the whole model); None: refused
     init_std: Callable[[Any], Callable[[str], float]] | None = None
-    hf: str | None = None  # module with ``import_hf`` / ``export_hf``
+    hf: str | None = None  # the transformers adapter: a module that is an HFAdapter (import_hf, export_hf)
     hf_classes: tuple[str, ...] = ()  # what the export loads in transformers
     exported: str | None = None  # the submodule exported and fine-tuned (ELECTRA's discriminator)
     finetune: tuple[str, ...] = ()  # glm finetune tasks it takes: classify | seq2seq | entailment | similarity |

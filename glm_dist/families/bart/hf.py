@@ -47,12 +47,38 @@ def to_hf_config(cfg: BartConfig, *, bos_id: int = 0, eos_id: int = 2):
                     scale_embedding=False, tie_word_embeddings=True)
 
 
-def export_hf(cfg: BartConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
-              profile: str | None = None) -> None:
+def from_hf_config(hf_cfg) -> BartConfig:
+    """Our config from a transformers one (the inverse of ``to_hf_config``): BART's post-LN stacks of one
+    depth and width, GELU, unscaled embeddings (mBART's pre-LN and scaled variants are refused)."""
+    if (hf_cfg.decoder_layers, hf_cfg.decoder_attention_heads, hf_cfg.decoder_ffn_dim) != \
+            (hf_cfg.encoder_layers, hf_cfg.encoder_attention_heads, hf_cfg.encoder_ffn_dim):
+        raise ValueError("BART with different encoder and decoder shapes is not implemented here")
+    if hf_cfg.activation_function != "gelu" or hf_cfg.scale_embedding:
+        raise ValueError("only BART's GELU with unscaled embeddings is implemented here "
+                         f"(activation_function={hf_cfg.activation_function!r}, "
+                         f"scale_embedding={hf_cfg.scale_embedding})")
+    return BartConfig(n_layer=hf_cfg.encoder_layers, n_head=hf_cfg.encoder_attention_heads, d_model=hf_cfg.d_model,
+                      d_ff=hf_cfg.encoder_ffn_dim, vocab_size=hf_cfg.vocab_size,
+                      context_length=hf_cfg.max_position_embeddings, pad_id=hf_cfg.pad_token_id,
+                      dropout=hf_cfg.dropout)
+
+
+def import_hf(hf_model) -> tuple[BartConfig, dict[str, torch.Tensor]]:
+    """A transformers ``BartForConditionalGeneration`` -> our config and state dict."""
+    from glm_dist.families.bart.model import Bart
+
+    cfg = from_hf_config(hf_model.config)
+    with torch.device("meta"):
+        keys = list(Bart(cfg).state_dict())
+    return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
+
+
+def export_hf(cfg: BartConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+              tokenizer_file: str | None = None, profile: str | None = None) -> None:
     from transformers import BartForConditionalGeneration, PreTrainedTokenizerFast
 
     model = BartForConditionalGeneration(to_hf_config(cfg))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out_dir)

@@ -92,15 +92,54 @@ def hf_model_class(cfg: EncoderConfig):
             "rtd": tf.ElectraForPreTraining, "gen": tf.ElectraForMaskedLM}[cfg.head]
 
 
-def export_hf(cfg: EncoderConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
-              profile: str | None = None) -> None:
+_HEADS = {"BertForPreTraining": "mlm_nsp", "RobertaForMaskedLM": "mlm", "AlbertForPreTraining": "mlm_sop",
+          "ElectraForPreTraining": "rtd", "ElectraForMaskedLM": "gen"}  # what hf_model_class builds, inverted
+
+
+def from_hf_config(hf_cfg, head: str) -> EncoderConfig:
+    """Our config from a transformers one (the inverse of ``to_hf_config``). RoBERTa's positions start
+    after the pad id, so its table holds ``pad_id + 1`` rows more than the context; ALBERT's one shared
+    layer is our ``share="all"``."""
+    if hf_cfg.hidden_act not in ("gelu", "gelu_new"):
+        raise ValueError(f"hidden_act={hf_cfg.hidden_act!r}: only 'gelu' and 'gelu_new' are implemented here")
+    if head == "mlm_sop" and (hf_cfg.num_hidden_groups, hf_cfg.inner_group_num) != (1, 1):
+        raise ValueError("ALBERT with more than one layer group is not implemented here (one shared layer is)")
+    offset = hf_cfg.pad_token_id + 1 if head == "mlm" else 0
+    embedding = getattr(hf_cfg, "embedding_size", None)
+    return EncoderConfig(n_layer=hf_cfg.num_hidden_layers, n_head=hf_cfg.num_attention_heads,
+                         d_model=hf_cfg.hidden_size, d_ff=hf_cfg.intermediate_size, vocab_size=hf_cfg.vocab_size,
+                         context_length=hf_cfg.max_position_embeddings - offset,
+                         type_vocab_size=hf_cfg.type_vocab_size,
+                         embedding_size=embedding if head in ("mlm_sop", "rtd", "gen") else None,
+                         position_offset=offset, pad_id=hf_cfg.pad_token_id,
+                         share="all" if head == "mlm_sop" else "none", activation=hf_cfg.hidden_act,
+                         layer_norm_eps=hf_cfg.layer_norm_eps, dropout=hf_cfg.hidden_dropout_prob, head=head)
+
+
+def import_hf(hf_model) -> tuple[EncoderConfig, dict[str, torch.Tensor]]:
+    """A ``BertForPreTraining``, ``RobertaForMaskedLM``, ``AlbertForPreTraining``, ``ElectraForPreTraining``
+    (the discriminator, what the electra row exports) or ``ElectraForMaskedLM`` (a generator) -> our
+    ``Encoder``'s config and state dict."""
+    from glm_dist.families.bert.model import Encoder
+
+    kind = type(hf_model).__name__
+    if kind not in _HEADS:
+        raise ValueError(f"no import from transformers' {kind}: one of {', '.join(_HEADS)}")
+    cfg = from_hf_config(hf_model.config, _HEADS[kind])
+    with torch.device("meta"):
+        keys = list(Encoder(cfg).state_dict())
+    return cfg, from_hf_state_dict(hf_model.state_dict(), keys, cfg)
+
+
+def export_hf(cfg: EncoderConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+              tokenizer_file: str | None = None, profile: str | None = None) -> None:
     """Write a folder the family's transformers class and ``AutoTokenizer`` load."""
     from transformers import PreTrainedTokenizerFast
 
     from data_pipeline.tokenize.profiles import PROFILES
 
     model = hf_model_class(cfg)(to_hf_config(cfg))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd, cfg), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict, cfg), strict=False)
     missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids", "bias"))]
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")

@@ -81,15 +81,15 @@ def import_hf(hf_model, *, pad_vocab_to_multiple_of: int = 1) -> tuple[GPTConfig
     return cfg, from_hf_state_dict(hf_model.state_dict())
 
 
-def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
-              profile: str = "gpt2") -> None:
+def export_hf(cfg: GPTConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+              tokenizer_file: str | None = None, profile: str | None = None) -> None:
     """Write a folder ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load;
     the tokenizer's end-of-text token (also BOS, EOS, UNK) from the tokenizer ``profile``."""
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
     from data_pipeline.tokenize.profiles import PROFILES
 
-    eot_token = PROFILES[profile].roles["eot"]
+    eot_token = PROFILES[profile or "gpt2"].roles["eot"]
 
     tokenizer = None
     eot_id = None
@@ -99,7 +99,7 @@ def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, toke
                                             model_max_length=cfg.context_length)
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(sd, cfg)), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")

@@ -84,22 +84,22 @@ def import_hf(hf_model) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     return from_hf_config(hf_model.config), from_hf_state_dict(hf_model.state_dict())
 
 
-def export_hf(cfg: GPTConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
-              profile: str = "gpt2") -> None:
+def export_hf(cfg: GPTConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+              tokenizer_file: str | None = None, profile: str | None = None) -> None:
     """Write a folder ``OpenAIGPTLMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained``
     load (safetensors); the tokenizer's end-of-text token (also BOS, EOS, UNK) from ``profile``."""
     from transformers import OpenAIGPTLMHeadModel, PreTrainedTokenizerFast
 
     from data_pipeline.tokenize.profiles import PROFILES
 
-    eot_token = PROFILES[profile].roles["eot"]
+    eot_token = PROFILES[profile or "gpt2"].roles["eot"]
     tokenizer, eot_id = None, None
     if tokenizer_file:
         tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, bos_token=eot_token, eos_token=eot_token,
                                             unk_token=eot_token, model_max_length=cfg.context_length)
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = OpenAIGPTLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(sd, cfg)), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -52,15 +52,42 @@ def to_hf_config(cfg: T5Config, *, eos_id: int = 1):
                     decoder_start_token_id=cfg.pad_id)
 
 
-def export_hf(cfg: T5Config, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None,
-              profile: str | None = None) -> None:
+def from_hf_config(hf_cfg) -> T5Config:
+    """Our config from a transformers one (the inverse of ``to_hf_config``); T5 has no position table,
+    so the context length is our default. transformers 5 forces ``tie_word_embeddings`` on and keeps what
+    it was as ``scale_decoder_outputs`` (1.0's tied head scales the decoder output by d_model^-0.5)."""
+    if hf_cfg.num_decoder_layers != hf_cfg.num_layers:
+        raise ValueError("T5 with different encoder and decoder depths is not implemented here")
+    if hf_cfg.feed_forward_proj not in ("relu", "gated-gelu"):
+        raise ValueError(f"feed_forward_proj={hf_cfg.feed_forward_proj!r}: only 'relu' (1.0) and 'gated-gelu' "
+                         "(v1.1) are implemented here")
+    return T5Config(n_layer=hf_cfg.num_layers, n_head=hf_cfg.num_heads, d_model=hf_cfg.d_model, d_ff=hf_cfg.d_ff,
+                    d_kv=hf_cfg.d_kv, vocab_size=hf_cfg.vocab_size, num_buckets=hf_cfg.relative_attention_num_buckets,
+                    max_distance=hf_cfg.relative_attention_max_distance,
+                    gated=hf_cfg.feed_forward_proj == "gated-gelu",
+                    tied=getattr(hf_cfg, "scale_decoder_outputs", hf_cfg.tie_word_embeddings),
+                    layer_norm_eps=hf_cfg.layer_norm_epsilon, dropout=hf_cfg.dropout_rate, pad_id=hf_cfg.pad_token_id)
+
+
+def import_hf(hf_model) -> tuple[T5Config, dict[str, torch.Tensor]]:
+    """A transformers ``T5ForConditionalGeneration`` -> our config and state dict."""
+    from glm_dist.families.t5.model import T5
+
+    cfg = from_hf_config(hf_model.config)
+    with torch.device("meta"):
+        keys = list(T5(cfg).state_dict())
+    return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
+
+
+def export_hf(cfg: T5Config, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+              tokenizer_file: str | None = None, profile: str | None = None) -> None:
     from transformers import PreTrainedTokenizerFast, T5ForConditionalGeneration
 
     if not cfg.tied:
         raise ValueError("transformers 5 always ties T5's output layer to its embedding, so an untied T5 v1.1 "
                          "cannot be exported faithfully; export T5 1.0 (tied) models")
     model = T5ForConditionalGeneration(to_hf_config(cfg))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out_dir)

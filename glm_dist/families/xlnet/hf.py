@@ -101,8 +101,8 @@ def import_hf(hf_model) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
     return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
 
 
-def export_hf(cfg: XLNetConfig, sd: dict[str, torch.Tensor], out_dir: str, *, tokenizer_file: str | None = None,
-              profile: str = "xlnet") -> None:
+def export_hf(cfg: XLNetConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
+              tokenizer_file: str | None = None, profile: str | None = None) -> None:
     """Write a folder ``XLNetLMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load
     (safetensors weights). The tokenizer pads on the left, as XLNet puts ``<cls>`` last, and returns
     no token_type_ids: the ``plm`` objective trains without segments, and transformers adds the
@@ -115,12 +115,12 @@ def export_hf(cfg: XLNetConfig, sd: dict[str, torch.Tensor], out_dir: str, *, to
     if tokenizer_file:
         names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token",
                  "mask": "mask_token", "cls": "cls_token", "sep": "sep_token"}
-        roles = {names[r]: t for r, t in PROFILES[profile].roles.items() if r in names}
+        roles = {names[r]: t for r, t in PROFILES[profile or "xlnet"].roles.items() if r in names}
         tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, model_max_length=cfg.context_length,
                                       padding_side="left", model_input_names=["input_ids", "attention_mask"], **roles)
         ids = {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id}
     model = XLNetLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), **ids))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(sd, cfg), strict=False)
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict, cfg), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out_dir)
