@@ -26,7 +26,7 @@ from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
 from glm_dist.data.loader import validation_batches
 from glm_dist.models.common import CausalSelfAttention
-from glm_dist.families.registry import build_model, family
+from glm_dist.families.registry import build_model, family as family_spec
 from glm_dist.objectives.registry import get_objective, options_from_config
 from glm_dist.ops.cross_entropy import cross_entropy, linear_cross_entropy, predicted, vocab_split
 from glm_dist.parallel import comm
@@ -106,7 +106,7 @@ def build(name, mc, mode, **cfg_over):
     torch.manual_seed(0)
     model = build_model(name, replace(mc, **cfg_over))
     if mode != "whole":
-        spec = family(name)
+        spec = family_spec(name)
         shard_model(model, rank, size, group, plans=spec.tensor_plans, vocab_plans=spec.vocab_plans,
                     sequence=mode == "tp_sp")
     return model
@@ -185,7 +185,7 @@ def heads_output(p):
     w = attn.qkv.weight.data.view(3, 4, 8, 32)
     w[:, 2:] = w[:, :2]
     attn.qkv.bias.data.view(3, 4, 8)[:, 2:] = attn.qkv.bias.data.view(3, 4, 8)[:, :2]
-    shard_model(attn, rank, size, group, plans=family("gpt").tensor_plans)
+    shard_model(attn, rank, size, group, plans=family_spec("gpt").tensor_plans)
     seen = {}
     attn.proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("y", a[0].detach()))
     attn(torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(5)))
