@@ -85,7 +85,7 @@ class FamilySpec:
     exported: str | None = None  # the submodule exported and fine-tuned (ELECTRA's discriminator)
     finetune: tuple[str, ...] = ()  # glm finetune tasks it takes: classify | seq2seq | entailment | similarity |
     # multiple_choice | span | tokens
-    finetune_with: str | None = None  # "module:function" fine-tuning it (None: train/finetune.py's [CLS] classifier)
+    finetune_with: str | None = None  # "module:function" fine-tuning it (None: transfer/classify.py's [CLS] classifier)
     summary_position: int = 0  # the position a classifier reads: BERT's [CLS] first, XLNet's <cls> last (-1)
     pad_left: bool = False  # fine-tuning inputs padded on the left (XLNet), so the last position is real
     decoder_start: str | None = None  # seq2seq: the token role the decoder starts from
