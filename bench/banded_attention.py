@@ -14,6 +14,7 @@ kernel takes the inputs): there memory follows the score counts.
     python bench/banded_attention.py                  # seq 2048, window 256, 12 heads of 64, batch 4, fp32
     python bench/banded_attention.py --backend math --json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,24 +74,36 @@ def main() -> None:
             for fn in (dense, blocked):
                 runs[fn.__name__].append(step(fn, attn, q, k, v))
     diff = (runs["dense"][0][0] - runs["blocked"][0][0]).abs().max().item()
-    out = {"backend": args.backend, "seq_len": T, "window": W, "heads": H, "head_dim": args.head_dim,
-           "batch": args.batch, "max_diff": diff,
-           "score_elements": {"dense": T * T, "blocked": -(-T // W) * W * 2 * W}}
+    out = {
+        "backend": args.backend,
+        "seq_len": T,
+        "window": W,
+        "heads": H,
+        "head_dim": args.head_dim,
+        "batch": args.batch,
+        "max_diff": diff,
+        "score_elements": {"dense": T * T, "blocked": -(-T // W) * W * 2 * W},
+    }
     for name, rs in runs.items():
         out[name] = {"seconds": statistics.median(r[1] for r in rs), "peak_mib": statistics.median(r[2] for r in rs)}
     if args.json:
         print(json.dumps(out))
         return
-    print(f"seq {T}, window {W}, {H} heads of {args.head_dim}, batch {args.batch}, fp32, forward + backward, "
-          f"SDPA backend {args.backend}; "
-          f"CPU threads {torch.get_num_threads()}")
+    print(
+        f"seq {T}, window {W}, {H} heads of {args.head_dim}, batch {args.batch}, fp32, forward + backward, "
+        f"SDPA backend {args.backend}; "
+        f"CPU threads {torch.get_num_threads()}"
+    )
     print("| attention | scores per head | seconds (median) | peak MiB |\n|---|---:|---:|---:|")
     for name in runs:
-        print(f"| {name} | {out['score_elements'][name]:,} | {out[name]['seconds']:.3f} | "
-              f"{out[name]['peak_mib']:,.0f} |")
-    print(f"\nblocked / dense: time {out['blocked']['seconds'] / out['dense']['seconds']:.2f}x, "
-          f"memory {out['blocked']['peak_mib'] / max(out['dense']['peak_mib'], 1e-9):.2f}x; "
-          f"max |difference| {diff:.1e}")
+        print(
+            f"| {name} | {out['score_elements'][name]:,} | {out[name]['seconds']:.3f} | {out[name]['peak_mib']:,.0f} |"
+        )
+    print(
+        f"\nblocked / dense: time {out['blocked']['seconds'] / out['dense']['seconds']:.2f}x, "
+        f"memory {out['blocked']['peak_mib'] / max(out['dense']['peak_mib'], 1e-9):.2f}x; "
+        f"max |difference| {diff:.1e}"
+    )
 
 
 if __name__ == "__main__":

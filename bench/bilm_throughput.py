@@ -9,6 +9,7 @@ the model FLOPs per token (``num_flops_per_token``) and the achieved GFLOP/s of 
     python bench/bilm_throughput.py                                   # elmo-tiny (char CNN), seq 20, batch 32
     python bench/bilm_throughput.py --flavor elmo-tiny-words --seq-len 64 --batch 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,16 @@ from glm_dist.train.optim import build_optimizer
 
 
 def engine_of(model: torch.nn.Module, batch: int):
-    cfg = load_config(None, ["train.precision=fp32", f"train.micro_batch_size={batch}", "parallel.zero_stage=0",
-                             "train.grad_clip=1.0", "train.lr=1e-3"])
+    cfg = load_config(
+        None,
+        [
+            "train.precision=fp32",
+            f"train.micro_batch_size={batch}",
+            "parallel.zero_stage=0",
+            "train.grad_clip=1.0",
+            "train.lr=1e-3",
+        ],
+    )
     return build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
 
 
@@ -41,15 +50,29 @@ def step_fn(engine, objective, batch: dict):
         engine.backward(loss)
         engine.step()
         return loss.item()
+
     return step
 
 
 def gpt_of_size(target: int, *, vocab: int, n_layer: int, n_head: int, context: int):
     """The GPT (``n_layer`` blocks, width a multiple of ``n_head``) whose parameter count is nearest ``target``."""
+
     def count(d: int) -> int:
         with torch.device("meta"):
-            return sum(p.numel() for p in GPT(gpt_config("gpt2-small", vocab_size=vocab, n_layer=n_layer, d_model=d,
-                                                           n_head=n_head, context_length=context)).parameters())
+            return sum(
+                p.numel()
+                for p in GPT(
+                    gpt_config(
+                        "gpt2-small",
+                        vocab_size=vocab,
+                        n_layer=n_layer,
+                        d_model=d,
+                        n_head=n_head,
+                        context_length=context,
+                    )
+                ).parameters()
+            )
+
     d = min(range(n_head, 2049, n_head), key=lambda w: abs(count(w) - target))
     return gpt_config("gpt2-small", vocab_size=vocab, n_layer=n_layer, d_model=d, n_head=n_head, context_length=context)
 
@@ -71,8 +94,13 @@ def main() -> None:
     init_distributed()
     torch.manual_seed(0)
     bilm = ELMo(elmo_config(args.flavor, vocab_size=args.vocab))
-    gcfg = gpt_of_size(bilm.num_params(), vocab=args.vocab, n_layer=args.gpt_layers, n_head=args.gpt_heads,
-                       context=max(args.seq_len, 64))
+    gcfg = gpt_of_size(
+        bilm.num_params(),
+        vocab=args.vocab,
+        n_layer=args.gpt_layers,
+        n_head=args.gpt_heads,
+        context=max(args.seq_len, 64),
+    )
     gpt = GPT(gcfg)
     rng = np.random.default_rng(0)
     window = torch.from_numpy(rng.integers(4, args.vocab, size=(args.batch, args.seq_len + 2)))
@@ -80,14 +108,26 @@ def main() -> None:
     ids = window[:, 1:-1]
     models = {
         f"ELMo biLM ({args.flavor}: {bilm.cfg.n_layer} x 2 LSTMP {bilm.cfg.d_lstm} -> {bilm.cfg.d_model}"
-        f"{', char CNN' if bilm.cfg.char_cnn else ''})":
-            (bilm, BILM, {"input_ids": ids, "char_ids": chars[ids], "forward_labels": window[:, 2:],
-                          "backward_labels": window[:, :-2]}),
-        f"GPT ({gcfg.n_layer} blocks, d_model {gcfg.d_model}, {gcfg.n_head} heads)":
-            (gpt, CLM, {"input_ids": ids, "labels": window[:, 2:]}),
+        f"{', char CNN' if bilm.cfg.char_cnn else ''})": (
+            bilm,
+            BILM,
+            {
+                "input_ids": ids,
+                "char_ids": chars[ids],
+                "forward_labels": window[:, 2:],
+                "backward_labels": window[:, :-2],
+            },
+        ),
+        f"GPT ({gcfg.n_layer} blocks, d_model {gcfg.d_model}, {gcfg.n_head} heads)": (
+            gpt,
+            CLM,
+            {"input_ids": ids, "labels": window[:, 2:]},
+        ),
     }
-    steps = {name: step_fn(engine_of(model, args.batch), objective, batch)
-             for name, (model, objective, batch) in models.items()}
+    steps = {
+        name: step_fn(engine_of(model, args.batch), objective, batch)
+        for name, (model, objective, batch) in models.items()
+    }
     for step in steps.values():
         step()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in steps}
@@ -97,8 +137,10 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             times[name].append((time.perf_counter() - t) / args.steps)
-    print(f"batch {args.batch} x seq {args.seq_len}, vocab {args.vocab}, fp32, CPU threads {torch.get_num_threads()}; "
-          f"median of {args.rounds} alternating rounds of {args.steps} steps\n")
+    print(
+        f"batch {args.batch} x seq {args.seq_len}, vocab {args.vocab}, fp32, CPU threads {torch.get_num_threads()}; "
+        f"median of {args.rounds} alternating rounds of {args.steps} steps\n"
+    )
     print("| model | parameters | tokens/s | training FLOPs / token | GFLOP/s |\n|---|---|---|---|---|")
     for name, (model, _, _) in models.items():
         tps = args.batch * args.seq_len / statistics.median(times[name])

@@ -12,6 +12,7 @@ moments exist); the old scheme's save runs in the same processes right after the
     python bench/checkpoint_scaling.py [--models 124M,350M] [--layouts ...] [--json out.json]
     python bench/checkpoint_scaling.py --project      # GPT-3 175B at DP 4 x PP 16 x TP 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,13 @@ LAYOUTS = {  # name: (processes, overrides); every layout bf16 with an fp32 mast
     # the vocabulary stays whole under TP: the scheme compared against predates the vocabulary split
     "TP=2": (2, ["parallel.tensor_parallel=2", "parallel.zero_stage=1", "parallel.vocab_parallel=false"]),
 }
-RESUME_AT = {"1 process": "DP=2 ZeRO-1", "DP=2 ZeRO-1": "DP=2 ZeRO-3", "DP=2 ZeRO-3": "PP=2", "PP=2": "TP=2",
-             "TP=2": "1 process"}
+RESUME_AT = {
+    "1 process": "DP=2 ZeRO-1",
+    "DP=2 ZeRO-1": "DP=2 ZeRO-3",
+    "DP=2 ZeRO-3": "PP=2",
+    "PP=2": "TP=2",
+    "TP=2": "1 process",
+}
 
 
 # -- the scheme it replaced, from git ------------------------------------------------------------------
@@ -46,8 +52,15 @@ def old_universal():
     """``glm_dist/parallel/universal.py`` as of ``OLD_COMMIT`` (its imports still exist)."""
     path = Path(tempfile.gettempdir()) / f"glm_old_universal_{OLD_COMMIT}.py"
     if not path.exists():
-        path.write_text(subprocess.run(["git", "show", f"{OLD_COMMIT}:glm_dist/parallel/universal.py"], cwd=ROOT,
-                                       check=True, capture_output=True, text=True).stdout)
+        path.write_text(
+            subprocess.run(
+                ["git", "show", f"{OLD_COMMIT}:glm_dist/parallel/universal.py"],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
     spec = importlib.util.spec_from_file_location("old_universal", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -65,6 +78,7 @@ def count_torch_saves() -> dict:
         save(obj, f, *args, **kwargs)
         if isinstance(f, (str, os.PathLike)):
             written["bytes"] += os.path.getsize(f)
+
     torch.save = counted
     return written
 
@@ -73,8 +87,9 @@ def old_naming(trainer, old):
     pipe = trainer.engine.module
     if not trainer.pipelined:
         return old.Naming()
-    return old.Naming(rename=trainer.naming.rename,
-                      owned=lambda key: not key.startswith("tied_modules.") or pipe.stage_id == 0)
+    return old.Naming(
+        rename=trainer.naming.rename, owned=lambda key: not key.startswith("tied_modules.") or pipe.stage_id == 0
+    )
 
 
 def old_save(trainer, old, directory: Path, written: dict) -> dict:
@@ -90,13 +105,23 @@ def old_save(trainer, old, directory: Path, written: dict) -> dict:
     (directory / "rng").mkdir(exist_ok=True)
     (directory / "rng" / f"rank{rank:05d}.json").write_text(json.dumps(rng_state(trainer.engine.device)))
     writer = trainer.coords["data"] == 0 and trainer.coords["tensor"] == 0
-    old.save(trainer.engine, directory / "universal", old_naming(trainer, old), writer=writer,
-             tensor_group=trainer.tensor_group, tensor_size=trainer.topo.tensor)
+    old.save(
+        trainer.engine,
+        directory / "universal",
+        old_naming(trainer, old),
+        writer=writer,
+        tensor_group=trainer.tensor_group,
+        tensor_size=trainer.topo.tensor,
+    )
     comm.barrier()
     hashed = hash_share(directory, rank, world)
     comm.barrier()
-    return {"blocking_s": time.perf_counter() - t0, "total_s": time.perf_counter() - t0,
-            "written": written["bytes"] - before, "hashed": hashed}
+    return {
+        "blocking_s": time.perf_counter() - t0,
+        "total_s": time.perf_counter() - t0,
+        "written": written["bytes"] - before,
+        "hashed": hashed,
+    }
 
 
 def hash_share(directory: Path, rank: int, world: int) -> int:
@@ -125,8 +150,13 @@ def old_resume(trainer, old, directory: Path) -> dict:
     hashed = hash_share(directory, trainer.dist.rank, trainer.dist.world_size)
     model = build_model(trainer.cfg.model.family, trainer.model_cfg)
     old.load_weights(model, directory / "universal")
-    old.load_optimizer(trainer.engine, directory / "universal", old_naming(trainer, old),
-                       tensor_rank=trainer.coords["tensor"], tensor_size=trainer.topo.tensor)
+    old.load_optimizer(
+        trainer.engine,
+        directory / "universal",
+        old_naming(trainer, old),
+        tensor_rank=trainer.coords["tensor"],
+        tensor_size=trainer.topo.tensor,
+    )
     del model
     comm.barrier()
     whole = sum(p.stat().st_size for p in (directory / "universal").glob("*.pt"))
@@ -153,8 +183,11 @@ def worker(args) -> None:
         trainer.save()  # max_steps is 2: the save is asynchronous
         blocking = trainer.ckpts.last_save["blocking_s"]
         trainer.ckpts.wait()
-        report["new"] = {"blocking_s": blocking, "total_s": time.perf_counter() - t0,
-                         "written": trainer.ckpts.last_save["bytes"]}
+        report["new"] = {
+            "blocking_s": blocking,
+            "total_s": time.perf_counter() - t0,
+            "written": trainer.ckpts.last_save["bytes"],
+        }
         report["old"] = old_save(trainer, old, Path(args.old_dir), written)
         report["params"] = model_shape(family(trainer.cfg.model.family), trainer.model_cfg).params
     else:
@@ -166,10 +199,13 @@ def worker(args) -> None:
         ckpts.load(trainer.engine, ckpt, trainer.naming, trainer.coords, sizes)
         comm.barrier()
         pieces = fragments.pieces(trainer.engine, trainer.naming, trainer.coords, sizes)
-        report["new"] = {"resume_s": time.perf_counter() - t0, "verify_s": verified,
-                         "read": sum(ckpt.bytes_read.values()),
-                         "data_read": ckpt.bytes_read["data"],
-                         "holds": sum(4 * p.numel * (1 + len(p.moments)) for p in pieces)}
+        report["new"] = {
+            "resume_s": time.perf_counter() - t0,
+            "verify_s": verified,
+            "read": sum(ckpt.bytes_read.values()),
+            "data_read": ckpt.bytes_read["data"],
+            "holds": sum(4 * p.numel * (1 + len(p.moments)) for p in pieces),
+        }
         report["old"] = old_resume(trainer, old, Path(args.old_dir))
     print("REPORT" + json.dumps(report), flush=True)
 
@@ -177,8 +213,14 @@ def worker(args) -> None:
 # -- the driver ---------------------------------------------------------------------------------------
 def launch(nproc: int, argv: list[str]) -> list[dict]:
     runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc)), "PYTHONPATH": str(ROOT),
-           "GLM_PEAK_TFLOPS": "1", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc)),
+        "PYTHONPATH": str(ROOT),
+        "GLM_PEAK_TFLOPS": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     proc = subprocess.run([sys.executable, *runner, __file__, *argv], cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:4]} failed:\n{proc.stderr[-4000:]}")
@@ -189,11 +231,26 @@ def launch(nproc: int, argv: list[str]) -> list[dict]:
 def overrides(flavor: str, layout: str, shards: str, out: Path) -> list[str]:
     nproc, extra = LAYOUTS[layout]
     micro = 2 if "PP" in layout else 1
-    return [f"model.flavor={flavor}", "model.vocab_size=50257", f"data.shards_dir={shards}", f"train.out_dir={out}",
-            "data.seq_len=64", "train.micro_batch_size=1", f"train.grad_accum_steps={micro}", "train.max_steps=2",
-            "train.warmup_steps=1", "train.eval_batches=1", "train.eval_interval=0", "train.save_interval=0",
-            "train.plot=false", "logging.wandb=false", "logging.progress=false", "train.precision=bf16",
-            "train.keep_last=5", *extra]
+    return [
+        f"model.flavor={flavor}",
+        "model.vocab_size=50257",
+        f"data.shards_dir={shards}",
+        f"train.out_dir={out}",
+        "data.seq_len=64",
+        "train.micro_batch_size=1",
+        f"train.grad_accum_steps={micro}",
+        "train.max_steps=2",
+        "train.warmup_steps=1",
+        "train.eval_batches=1",
+        "train.eval_interval=0",
+        "train.save_interval=0",
+        "train.plot=false",
+        "logging.wandb=false",
+        "logging.progress=false",
+        "train.precision=bf16",
+        "train.keep_last=5",
+        *extra,
+    ]
 
 
 def measure(model: str, layout: str, shards: str, work: Path) -> dict:
@@ -202,38 +259,58 @@ def measure(model: str, layout: str, shards: str, work: Path) -> dict:
     for d in (out, old_dir):
         subprocess.run(["rm", "-rf", str(d)])
     old_dir.mkdir(parents=True)
-    saved = launch(LAYOUTS[layout][0], ["--worker", "save", "--old-dir", str(old_dir), "--",
-                                        *overrides(flavor, layout, shards, out)])
+    saved = launch(
+        LAYOUTS[layout][0],
+        ["--worker", "save", "--old-dir", str(old_dir), "--", *overrides(flavor, layout, shards, out)],
+    )
     ckpt = out / "checkpoints/step_00000001"
     new_bytes = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
     old_bytes = sum(p.stat().st_size for p in old_dir.rglob("*") if p.is_file())
     other = RESUME_AT[layout]
-    resumed = launch(LAYOUTS[other][0], ["--worker", "resume", "--resume-from", str(ckpt), "--old-dir", str(old_dir),
-                                         "--", *overrides(flavor, other, shards, work / "resume")])
+    resumed = launch(
+        LAYOUTS[other][0],
+        [
+            "--worker",
+            "resume",
+            "--resume-from",
+            str(ckpt),
+            "--old-dir",
+            str(old_dir),
+            "--",
+            *overrides(flavor, other, shards, work / "resume"),
+        ],
+    )
     params = saved[0]["params"]
     row = {"model": model, "layout": layout, "params": params, "resume_at": other}
     for scheme, total in (("new", new_bytes), ("old", old_bytes)):
         written = [r[scheme]["written"] for r in saved]
-        row[scheme] = {"bytes_per_param": total / params,
-                       "max_written_over_share": max(written) / (sum(written) / len(written)),
-                       "blocking_s": max(r[scheme]["blocking_s"] for r in saved),
-                       "total_s": max(r[scheme]["total_s"] for r in saved),
-                       "resume_s": max(r[scheme]["resume_s"] for r in resumed),
-                       "max_read_over_share": max(r[scheme]["read"] for r in resumed) / (total / len(resumed))}
+        row[scheme] = {
+            "bytes_per_param": total / params,
+            "max_written_over_share": max(written) / (sum(written) / len(written)),
+            "blocking_s": max(r[scheme]["blocking_s"] for r in saved),
+            "total_s": max(r[scheme]["total_s"] for r in saved),
+            "resume_s": max(r[scheme]["resume_s"] for r in resumed),
+            "max_read_over_share": max(r[scheme]["read"] for r in resumed) / (total / len(resumed)),
+        }
     row["new"]["data_read_over_held"] = max(r["new"]["data_read"] / r["new"]["holds"] for r in resumed)
     subprocess.run(["rm", "-rf", str(out), str(old_dir), str(work / "resume")])
     return row
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | layout | scheme | bytes/param | max rank writes / share | blocking s | total s | "
-             "resume at | resume s | max rank reads / share |", "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        "| model | layout | scheme | bytes/param | max rank writes / share | blocking s | total s | "
+        "resume at | resume s | max rank reads / share |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for r in rows:
         for scheme, label in (("old", "universal + DeepSpeed (sync)"), ("new", "sharded (async)")):
             s = r[scheme]
-            lines.append(f"| {r['model']} | {r['layout']} | {label} | {s['bytes_per_param']:.1f} | "
-                         f"{s['max_written_over_share']:.2f} | {s['blocking_s']:.2f} | {s['total_s']:.2f} | "
-                         f"{r['resume_at']} | {s['resume_s']:.2f} | {s['max_read_over_share']:.2f} |")
+            lines.append(
+                f"| {r['model']} | {r['layout']} | {label} | {s['bytes_per_param']:.1f} | "
+                f"{s['max_written_over_share']:.2f} | {s['blocking_s']:.2f} | {s['total_s']:.2f} | "
+                f"{r['resume_at']} | {s['resume_s']:.2f} | {s['max_read_over_share']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -256,22 +333,24 @@ def projection(pcie_gbs: float, node_write_gbs: float, writer_gbs: float) -> str
         replicated = (embed - wte / 2 if s == 0 else 0) + (head - wte / 2 if s == pp - 1 else 0)
         new.append(blocks / dp + replicated / (dp * tp))  # tied wte: half on each end stage
     new_rank = 12 * max(new)
-    stage_whole = [blocks * tp + (embed if s == 0 else 0) + (head - wte if s == pp - 1 else 0)
-                   for s, blocks in enumerate(layers)]
+    stage_whole = [
+        blocks * tp + (embed if s == 0 else 0) + (head - wte if s == pp - 1 else 0) for s, blocks in enumerate(layers)
+    ]
     old_writer = 12 * max(stage_whole)  # one rank per stage wrote the universal form of its stage
     old_ds_rank = 12 * max(layers) / dp + 2 * max(layers)  # + DeepSpeed's files (partition + bf16 weights)
-    lines = [f"GPT-3 175B ({shape.params / 1e9:.1f}B parameters), DP {dp} x PP {pp} x TP {tp} = 512 ranks, "
-             "ZeRO-1, bf16",
-             f"new: {12 * shape.params / 1e12:.2f} TB per save; each rank writes <= {new_rank / 1e9:.2f} GB "
-             f"(an equal share is {12 * shape.params / 512 / 1e9:.2f} GB: "
-             f"x{new_rank / (12 * shape.params / 512):.2f}); "
-             f"blocking = device-to-host copy at {pcie_gbs:g} GB/s = {new_rank / 1e9 / pcie_gbs:.2f} s; "
-             f"in the background a node writes {gpus_per_node * new_rank / 1e9:.0f} GB at {node_write_gbs:g} GB/s = "
-             f"{gpus_per_node * new_rank / 1e9 / node_write_gbs:.0f} s",
-             f"old: {(12 + 14) * shape.params / 1e12:.2f} TB per save; the busiest rank writes "
-             f"{(old_writer + old_ds_rank) / 1e9:.0f} GB (universal form of its stage {old_writer / 1e9:.0f} GB, one "
-             f"writer per stage) at {writer_gbs:g} GB/s = {(old_writer + old_ds_rank) / 1e9 / writer_gbs:.0f} s of "
-             f"blocking, before the gathers over the data and tensor ranks and the hashing"]
+    lines = [
+        f"GPT-3 175B ({shape.params / 1e9:.1f}B parameters), DP {dp} x PP {pp} x TP {tp} = 512 ranks, ZeRO-1, bf16",
+        f"new: {12 * shape.params / 1e12:.2f} TB per save; each rank writes <= {new_rank / 1e9:.2f} GB "
+        f"(an equal share is {12 * shape.params / 512 / 1e9:.2f} GB: "
+        f"x{new_rank / (12 * shape.params / 512):.2f}); "
+        f"blocking = device-to-host copy at {pcie_gbs:g} GB/s = {new_rank / 1e9 / pcie_gbs:.2f} s; "
+        f"in the background a node writes {gpus_per_node * new_rank / 1e9:.0f} GB at {node_write_gbs:g} GB/s = "
+        f"{gpus_per_node * new_rank / 1e9 / node_write_gbs:.0f} s",
+        f"old: {(12 + 14) * shape.params / 1e12:.2f} TB per save; the busiest rank writes "
+        f"{(old_writer + old_ds_rank) / 1e9:.0f} GB (universal form of its stage {old_writer / 1e9:.0f} GB, one "
+        f"writer per stage) at {writer_gbs:g} GB/s = {(old_writer + old_ds_rank) / 1e9 / writer_gbs:.0f} s of "
+        f"blocking, before the gathers over the data and tensor ranks and the hashing",
+    ]
     return "\n".join(lines)
 
 

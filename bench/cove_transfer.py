@@ -7,6 +7,7 @@ seeds (mean +- std). Prints one JSON object.
     python bench/cove_transfer.py --checkpoint runs/cove-tiny-cpu/checkpoints/step_00001000 \\
         --train 8000 --seeds 0 1 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,21 +38,45 @@ def main() -> None:
     model, meta = load_checkpoint_model(args.checkpoint)
     tok = Tokenizer.from_file(str(Path(args.checkpoint) / "tokenizer.json"))
     splits = gloss_rows()
-    train, valid, test = (sample(splits[s], n) for s, n in (("train", args.train), ("valid", args.valid),
-                                                           ("test", args.test)))
+    train, valid, test = (
+        sample(splits[s], n) for s, n in (("train", args.train), ("valid", args.valid), ("test", args.test))
+    )
     labels = sorted({r["label"] for r in splits["train"]})
     unk = tok.token_to_id("<unk>")
     words = [i for r in test for i in tok.encode(r["text"]).ids]
-    result = {"checkpoint": str(args.checkpoint), "step": meta["step"], "task": "wordnet gloss -> lexicographer file",
-              "classes": len(labels), "rows": {"train": len(train), "valid": len(valid), "test": len(test)},
-              "majority": majority_accuracy(train, test), "test_unknown_word_rate": words.count(unk) / len(words)}
+    result = {
+        "checkpoint": str(args.checkpoint),
+        "step": meta["step"],
+        "task": "wordnet gloss -> lexicographer file",
+        "classes": len(labels),
+        "rows": {"train": len(train), "valid": len(valid), "test": len(test)},
+        "majority": majority_accuracy(train, test),
+        "test_unknown_word_rate": words.count(unk) / len(words),
+    }
     for name, embedder in (("glove", CoVeEmbedder(model, glove_only=True)), ("glove+cove", CoVeEmbedder(model))):
         start, runs = time.time(), []
         for seed in args.seeds:
-            runs.append(fit_classifier(embedder, tok, train, valid, test, labels=labels, seed=seed, epochs=args.epochs,
-                                       d_hidden=args.hidden, lr=args.lr)["test_accuracy"])
-        result[name] = {"mean": statistics.mean(runs), "std": statistics.stdev(runs) if len(runs) > 1 else 0.0,
-                        "runs": runs, "input_dim": embedder.dim, "seconds": round(time.time() - start, 1)}
+            runs.append(
+                fit_classifier(
+                    embedder,
+                    tok,
+                    train,
+                    valid,
+                    test,
+                    labels=labels,
+                    seed=seed,
+                    epochs=args.epochs,
+                    d_hidden=args.hidden,
+                    lr=args.lr,
+                )["test_accuracy"]
+            )
+        result[name] = {
+            "mean": statistics.mean(runs),
+            "std": statistics.stdev(runs) if len(runs) > 1 else 0.0,
+            "runs": runs,
+            "input_dim": embedder.dim,
+            "seconds": round(time.time() - start, 1),
+        }
     print(json.dumps(result, indent=1))
 
 

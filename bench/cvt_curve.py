@@ -22,6 +22,7 @@ markdown table on stdout.
 
     nice -n 10 python bench/cvt_curve.py --out runs/cvt-curve
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_pipeline.tasks.tagging_shards import (UNLABELLED_SEED, TaggingTask, subset, wordnet_task,  # noqa: E402
-                                               write_tagging_shards, xref_task)
+from data_pipeline.tasks.tagging_shards import (  # noqa: E402
+    UNLABELLED_SEED,
+    TaggingTask,
+    subset,
+    wordnet_task,
+    write_tagging_shards,
+    xref_task,
+)
 
 CONFIG = ROOT / "configs/experiments/cvt-tiny-cpu.yaml"
 
@@ -66,9 +73,9 @@ def lexicon_f1(labelled, test) -> float:
         tags, i = ["O"] * len(s.words), 0
         while i < len(s.words):
             for n in range(min(longest, len(s.words) - i), 0, -1):
-                role = known.get(s.words[i:i + n])
+                role = known.get(s.words[i : i + n])
                 if role:
-                    tags[i:i + n] = [f"B-{role}"] + [f"I-{role}"] * (n - 1)
+                    tags[i : i + n] = [f"B-{role}"] + [f"I-{role}"] * (n - 1)
                     i += n - 1
                     break
             i += 1
@@ -82,19 +89,39 @@ def train(job: dict) -> dict:
     from glm_dist.config.loader import load_config
     from glm_dist.train.loop import Trainer
 
-    cfg = load_config(CONFIG, [f"data.shards_dir={job['shards']}", f"train.out_dir={job['out']}",
-                               f"train.seed={job['seed']}", f"train.max_steps={job['steps']}",
-                               f"model.tags={job['tags']}", f"objective.cvt_unlabelled={job['unlabelled']}",
-                               f"model.flavor={job['flavor']}", f"train.micro_batch_size={job['batch']}",
-                               "train.eval_interval=0", "train.save_interval=0", "train.eval_batches=1000",
-                               "train.plot=false", "logging.wandb=false", "logging.progress=false"])
+    cfg = load_config(
+        CONFIG,
+        [
+            f"data.shards_dir={job['shards']}",
+            f"train.out_dir={job['out']}",
+            f"train.seed={job['seed']}",
+            f"train.max_steps={job['steps']}",
+            f"model.tags={job['tags']}",
+            f"objective.cvt_unlabelled={job['unlabelled']}",
+            f"model.flavor={job['flavor']}",
+            f"train.micro_batch_size={job['batch']}",
+            "train.eval_interval=0",
+            "train.save_interval=0",
+            "train.eval_batches=1000",
+            "train.plot=false",
+            "logging.wandb=false",
+            "logging.progress=false",
+        ],
+    )
     t0 = time.perf_counter()
     summary = Trainer(cfg).fit()
-    r = {"key": job["key"], "f1": summary["val_f1"], "f1_task1": summary.get("val_f1_task1"),
-         "seconds": time.perf_counter() - t0}
-    print(f"{job['key']} seed {job['seed']}: F1 {r['f1']:.4f}"
-          + (f", WordNet F1 {r['f1_task1']:.4f}" if r["f1_task1"] is not None else "") + f" ({r['seconds']:.0f} s)",
-          flush=True)
+    r = {
+        "key": job["key"],
+        "f1": summary["val_f1"],
+        "f1_task1": summary.get("val_f1_task1"),
+        "seconds": time.perf_counter() - t0,
+    }
+    print(
+        f"{job['key']} seed {job['seed']}: F1 {r['f1']:.4f}"
+        + (f", WordNet F1 {r['f1_task1']:.4f}" if r["f1_task1"] is not None else "")
+        + f" ({r['seconds']:.0f} s)",
+        flush=True,
+    )
     return r
 
 
@@ -120,35 +147,64 @@ def main() -> None:
     xref = TaggingTask(xref.name, xref.tags, refs(xref.labelled), subset(refs(xref.test), args.test, UNLABELLED_SEED))
     unlabelled_text = subset(unlabelled_text, args.unlabelled, UNLABELLED_SEED)
     wordnet = wordnet_task()
-    wordnet = TaggingTask(wordnet.name, wordnet.tags, wordnet.labelled,
-                          subset(wordnet.test, args.test, UNLABELLED_SEED))
+    wordnet = TaggingTask(
+        wordnet.name, wordnet.tags, wordnet.labelled, subset(wordnet.test, args.test, UNLABELLED_SEED)
+    )
     results: dict[str, list] = defaultdict(list)
     common = dict(flavor=args.flavor, batch=args.batch)
     jobs = []
     for size in sizes:
         for seed in seeds:
             shards = str(out / f"shards-{size}-{seed}")
-            write_tagging_shards(shards, [xref], unlabelled_text, labelled_limit=size, subset_seed=seed,
-                                 vocab_size=args.vocab)
+            write_tagging_shards(
+                shards, [xref], unlabelled_text, labelled_limit=size, subset_seed=seed, vocab_size=args.vocab
+            )
             results[f"lexicon/{size}"].append({"f1": lexicon_f1(subset(xref.labelled, size, seed), xref.test)})
             for name, unl, steps in (("supervised", False, args.steps), ("cvt", True, 2 * args.steps)):
-                jobs.append(dict(key=f"{name}/{size}", shards=shards, out=str(out / f"{name}-{size}-{seed}"), seed=seed,
-                                 steps=steps, tags=[len(xref.tags)], unlabelled=unl, **common))
+                jobs.append(
+                    dict(
+                        key=f"{name}/{size}",
+                        shards=shards,
+                        out=str(out / f"{name}-{size}-{seed}"),
+                        seed=seed,
+                        steps=steps,
+                        tags=[len(xref.tags)],
+                        unlabelled=unl,
+                        **common,
+                    )
+                )
             if size == args.multitask_size:
                 shards = str(out / f"shards-multi-{size}-{seed}")
-                write_tagging_shards(shards, [xref, wordnet], unlabelled_text, labelled_limit=[size, None],
-                                     subset_seed=seed, vocab_size=args.vocab)
-                jobs.append(dict(key=f"cvt-multitask/{size}", shards=shards, out=str(out / f"multitask-{size}-{seed}"),
-                                 seed=seed, steps=4 * args.steps, tags=[len(xref.tags), len(wordnet.tags)],
-                                 unlabelled=True, **common))
+                write_tagging_shards(
+                    shards,
+                    [xref, wordnet],
+                    unlabelled_text,
+                    labelled_limit=[size, None],
+                    subset_seed=seed,
+                    vocab_size=args.vocab,
+                )
+                jobs.append(
+                    dict(
+                        key=f"cvt-multitask/{size}",
+                        shards=shards,
+                        out=str(out / f"multitask-{size}-{seed}"),
+                        seed=seed,
+                        steps=4 * args.steps,
+                        tags=[len(xref.tags), len(wordnet.tags)],
+                        unlabelled=True,
+                        **common,
+                    )
+                )
     jobs.sort(key=lambda j: -j["steps"])  # the longest first: the workers finish together
     with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
         for r in pool.imap_unordered(train, jobs):
             results[r.pop("key")].append(r)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-    print(f"\n{len(xref.test)} held-out sentences, {len(unlabelled_text)} unlabelled; "
-          f"{time.perf_counter() - t0:.0f} s in all\n")
+    print(
+        f"\n{len(xref.test)} held-out sentences, {len(unlabelled_text)} unlabelled; "
+        f"{time.perf_counter() - t0:.0f} s in all\n"
+    )
     print("| method | " + " | ".join(f"{s} labelled" for s in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
     for method in ("lexicon", "supervised", "cvt", "cvt-multitask"):
@@ -159,8 +215,10 @@ def main() -> None:
         print(f"| {method} | " + " | ".join(cells) + " |")
     wn = [r["f1_task1"] for r in results.get(f"cvt-multitask/{args.multitask_size}", [])]
     if wn:
-        print(f"\nWordNet part-of-speech F1 of the multi-task runs: {statistics.mean(wn):.3f} ± "
-              f"{statistics.stdev(wn) if len(wn) > 1 else 0:.3f}")
+        print(
+            f"\nWordNet part-of-speech F1 of the multi-task runs: {statistics.mean(wn):.3f} ± "
+            f"{statistics.stdev(wn) if len(wn) > 1 else 0:.3f}"
+        )
 
 
 if __name__ == "__main__":

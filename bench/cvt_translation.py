@@ -17,6 +17,7 @@ Inputs (built as configs/experiments/cove-tiny-cpu.yaml says): ``--vectors`` Glo
 
     python bench/cvt_translation.py --vectors data/glove-tiny.txt --pairs data/gettext-de --out runs/cvt-mt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,12 @@ METRICS = ("perplexity", "bleu_greedy", "bleu_beam")
 def glm(*args: str) -> dict:
     """``glm ARGS`` in a subprocess; its last JSON object."""
     env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         sys.exit(f"glm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout[proc.stdout.rindex("\n{") + 1 if "\n{" in proc.stdout else proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.rindex("\n{") + 1 if "\n{" in proc.stdout else proc.stdout.index("{") :])
 
 
 def main() -> None:
@@ -58,24 +60,49 @@ def main() -> None:
 
     out = Path(args.out).resolve()
     shards = out / f"pairs-{args.labelled}"
-    data = [f"data.source={Path(args.pairs).resolve()}", f"data.vectors={Path(args.vectors).resolve()}",
-            f"data.shards_dir={shards}", f"data.labelled_pairs={args.labelled}"]
+    data = [
+        f"data.source={Path(args.pairs).resolve()}",
+        f"data.vectors={Path(args.vectors).resolve()}",
+        f"data.shards_dir={shards}",
+        f"data.labelled_pairs={args.labelled}",
+    ]
     made = glm("data", "tokenize", "-c", str(CONFIG), *data)
-    common = [*data, "logging.wandb=false", "logging.progress=false", "train.plot=false", "train.eval_interval=0",
-              f"model.cvt_beam={args.beam}", f"train.eval_batches={args.eval_batches}",
-              f"train.micro_batch_size={args.batch}"]
+    common = [
+        *data,
+        "logging.wandb=false",
+        "logging.progress=false",
+        "train.plot=false",
+        "train.eval_interval=0",
+        f"model.cvt_beam={args.beam}",
+        f"train.eval_batches={args.eval_batches}",
+        f"train.micro_batch_size={args.batch}",
+    ]
     rows: dict[str, list[dict]] = {"supervised": [], "cvt": []}
     for seed in args.seeds:
         for method, unlabelled, steps in (("supervised", "false", args.steps), ("cvt", "true", 2 * args.steps)):
             run = out / f"{method}-seed{seed}"
             t0 = time.perf_counter()
-            glm("train", "-c", str(CONFIG), *common, f"objective.cvt_unlabelled={unlabelled}", f"train.seed={seed}",
-                f"train.max_steps={steps}", f"train.save_interval={steps}", f"train.out_dir={run}",
-                f"train.warmup_steps={steps // 10}")  # the same schedule over the labelled steps of both
-            metrics = glm("eval", "-c", str(CONFIG), *common,
-                          "--checkpoint", str(run / f"checkpoints/step_{steps:08d}"))
-            row = {"seed": seed, "steps": steps, "seconds": round(time.perf_counter() - t0, 1),
-                   **{k: metrics[k] for k in METRICS}}
+            glm(
+                "train",
+                "-c",
+                str(CONFIG),
+                *common,
+                f"objective.cvt_unlabelled={unlabelled}",
+                f"train.seed={seed}",
+                f"train.max_steps={steps}",
+                f"train.save_interval={steps}",
+                f"train.out_dir={run}",
+                f"train.warmup_steps={steps // 10}",
+            )  # the same schedule over the labelled steps of both
+            metrics = glm(
+                "eval", "-c", str(CONFIG), *common, "--checkpoint", str(run / f"checkpoints/step_{steps:08d}")
+            )
+            row = {
+                "seed": seed,
+                "steps": steps,
+                "seconds": round(time.perf_counter() - t0, 1),
+                **{k: metrics[k] for k in METRICS},
+            }
             rows[method].append(row)
             print(json.dumps({method: row}), flush=True)
     (out / "results.json").write_text(json.dumps({"pair_set": made, "args": vars(args), "runs": rows}, indent=1))
@@ -85,8 +112,10 @@ def main() -> None:
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{statistics.mean(values):.2f} ± {spread:.2f}"
 
-    print(f"\n{args.labelled} labelled pairs, {made.get('unlabelled_sources')} unlabelled sources, "
-          f"{args.steps} labelled steps of {args.batch}, teacher beam {args.beam}, seeds {args.seeds}\n")
+    print(
+        f"\n{args.labelled} labelled pairs, {made.get('unlabelled_sources')} unlabelled sources, "
+        f"{args.steps} labelled steps of {args.batch}, teacher beam {args.beam}, seeds {args.seeds}\n"
+    )
     print("| method | steps | held-out perplexity | BLEU greedy | BLEU beam |\n|---|---|---|---|---|")
     for method, label in (("supervised", "supervised only"), ("cvt", "CVT (+ unlabelled steps)")):
         print(f"| {label} | {rows[method][0]['steps']} | " + " | ".join(cell(method, k) for k in METRICS) + " |")

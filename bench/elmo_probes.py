@@ -16,6 +16,7 @@ corpus with ``glm train`` (``--steps``), or a checkpoint given with ``--checkpoi
     nice -n 10 python bench/elmo_probes.py                      # ~30 min on 2 CPU cores
     python bench/elmo_probes.py --checkpoint runs/x/checkpoints/step_00000400 --seeds 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,16 @@ PREFIX = {"n": "noun.", "v": "verb."}  # the semantic probe's parts of speech an
 
 
 def glm(*args: str) -> str:
-    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True)
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         sys.exit(f"glm {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -64,11 +71,21 @@ def pretrain(work: Path, steps: int) -> tuple[Path, dict]:
         glm("data", "tokenize", "-c", str(CONFIG), *common)
     ckpt = run / f"checkpoints/step_{steps:08d}"
     if not (ckpt / "meta.json").exists():  # a finished run in --work is reused
-        glm("train", "-c", str(CONFIG), *common, f"train.out_dir={run}", f"train.max_steps={steps}",
-            "train.micro_batch_size=32", "train.eval_interval=0", f"train.save_interval={steps}", "train.plot=false",
-            f"train.warmup_steps={max(1, steps // 20)}")
+        glm(
+            "train",
+            "-c",
+            str(CONFIG),
+            *common,
+            f"train.out_dir={run}",
+            f"train.max_steps={steps}",
+            "train.micro_batch_size=32",
+            "train.eval_interval=0",
+            f"train.save_interval={steps}",
+            "train.plot=false",
+            f"train.warmup_steps={max(1, steps // 20)}",
+        )
     ev = glm("eval", "-c", str(CONFIG), *common, "train.eval_batches=16", "--documents", "0", "--checkpoint", str(ckpt))
-    return ckpt, json.loads(ev[ev.index("{"):])
+    return ckpt, json.loads(ev[ev.index("{") :])
 
 
 def features_of(ckpt: Path, rows: list[dict]) -> None:
@@ -77,7 +94,7 @@ def features_of(ckpt: Path, rows: list[dict]) -> None:
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["words"]))
     for start in range(0, len(order), 2048):
-        part = order[start:start + 2048]
+        part = order[start : start + 2048]
         for i, f in zip(part, layer_features(bilm, tok, [rows[i]["words"] for i in part], batch_size=128)):
             rows[i]["layers"] = f.astype(np.float16)
 
@@ -87,13 +104,18 @@ def probe_splits(parts: dict[str, list[dict]], layer: int, task: str) -> tuple[d
     out = {}
     for name, rows in parts.items():
         if task == "pos":
-            out[name] = ProbeSplit(np.stack([r["layers"][layer, r["position"]] for r in rows]).astype(np.float32),
-                                   np.array([POS.index(r["pos"]) for r in rows]))
+            out[name] = ProbeSplit(
+                np.stack([r["layers"][layer, r["position"]] for r in rows]).astype(np.float32),
+                np.array([POS.index(r["pos"]) for r in rows]),
+            )
             continue
         rows = [r for r in rows if r["pos"] in PREFIX]  # (adjectives: 3 files, 90% adj.all; adverbs: 1)
         allowed = np.array([[name.startswith(PREFIX[r["pos"]]) for name in wordnet.LEXNAMES] for r in rows])
-        out[name] = ProbeSplit(np.stack([r["layers"][layer, r["position"]] for r in rows]).astype(np.float32),
-                               np.array([wordnet.LEXNAMES.index(r["supersense"]) for r in rows]), allowed)
+        out[name] = ProbeSplit(
+            np.stack([r["layers"][layer, r["position"]] for r in rows]).astype(np.float32),
+            np.array([wordnet.LEXNAMES.index(r["supersense"]) for r in rows]),
+            allowed,
+        )
     return out, (len(POS) if task == "pos" else len(wordnet.LEXNAMES))
 
 
@@ -104,13 +126,17 @@ def run_probes(rows: list[dict], seeds: list[int], epochs: int) -> dict:
         for task in ("pos", "supersense"):
             for layer in range(len(LAYER_NAMES)):
                 data, classes = probe_splits(parts, layer, task)
-                r = linear_probe(data["train"], data["valid"], data["test"], num_classes=classes, seed=seed,
-                                 epochs=epochs)
+                r = linear_probe(
+                    data["train"], data["valid"], data["test"], num_classes=classes, seed=seed, epochs=epochs
+                )
                 results.setdefault(task, {}).setdefault(LAYER_NAMES[layer], []).append(r["test_accuracy"])
             baseline = majority_accuracy(data["train"], data["test"])
             results.setdefault(task, {}).setdefault("majority", []).append(baseline)
-        print(f"  probes, seed {seed}: " + "; ".join(f"{t} " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in r.items())
-                                                  for t, r in results.items()), flush=True)
+        print(
+            f"  probes, seed {seed}: "
+            + "; ".join(f"{t} " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in r.items()) for t, r in results.items()),
+            flush=True,
+        )
     return results
 
 
@@ -123,7 +149,7 @@ def run_curve(rows: list[dict], ckpt: Path, seeds: list[int], fractions: list[fl
         parts = split(rows, seed=seed, by="synset")
         order = np.random.default_rng(seed).permutation(len(parts["train"]))
         for fraction in fractions:
-            train = [parts["train"][i] for i in order[:max(1, round(fraction * len(order)))]]
+            train = [parts["train"][i] for i in order[: max(1, round(fraction * len(order)))]]
             entry = results.setdefault(f"{fraction:.0%}", {"items": [], "majority": []})
             entry["items"].append(len(train))
             most = Counter(r["label"] for r in train).most_common(1)[0][0]
@@ -137,8 +163,11 @@ def run_curve(rows: list[dict], ckpt: Path, seeds: list[int], fractions: list[fl
                 info = fit(model, train, parts["valid"], vocab, seed=seed, batch_size=64, min_steps=min_steps)
                 score = accuracy(model, parts["test"], vocab)
                 entry.setdefault("ELMo" if with_elmo else "baseline", []).append(score)
-                print(f"  curve seed {seed}, {fraction:.0%}, {'ELMo' if with_elmo else 'baseline'}: test {score:.3f} "
-                      f"({info['epochs']} epochs, {time.perf_counter() - t:.0f}s)", flush=True)
+                print(
+                    f"  curve seed {seed}, {fraction:.0%}, {'ELMo' if with_elmo else 'baseline'}: test {score:.3f} "
+                    f"({info['epochs']} epochs, {time.perf_counter() - t:.0f}s)",
+                    flush=True,
+                )
     return results
 
 
@@ -158,8 +187,10 @@ def print_curve(curve: dict, num_seeds: int) -> None:
     print("| training set | items | majority class | baseline | + ELMo | gain |\n|---|---|---|---|---|---|")
     for key, r in curve.items():
         gain = [b - a for a, b in zip(r["baseline"], r["ELMo"])]
-        print(f"| {key} | {statistics.mean(r['items']):,.0f} | {mean_std(r['majority'])} | {mean_std(r['baseline'])} "
-              f"| {mean_std(r['ELMo'])} | {mean_std(gain)} |")
+        print(
+            f"| {key} | {statistics.mean(r['items']):,.0f} | {mean_std(r['majority'])} | {mean_std(r['baseline'])} "
+            f"| {mean_std(r['ELMo'])} | {mean_std(gain)} |"
+        )
 
 
 def main() -> None:
@@ -173,8 +204,12 @@ def main() -> None:
     ap.add_argument("--fractions", default="0.01,0.1,1")
     ap.add_argument("--min-steps", type=int, default=600, help="task-model updates at least (fit's min_steps)")
     ap.add_argument("--every", type=int, default=1, help="use every n-th item only (a quick run)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (small recurrent kernels: on a busy "
-                    "2-core machine one thread beats two)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (small recurrent kernels: on a busy 2-core machine one thread beats two)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(args.work).resolve()
@@ -184,10 +219,13 @@ def main() -> None:
         ckpt, ppl = Path(args.checkpoint), None
     else:
         ckpt, ppl = pretrain(work, args.steps)
-        print(f"pretrained {ckpt}: perplexity forward {ppl['forward_perplexity']:.1f}, backward "
-              f"{ppl['backward_perplexity']:.1f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        print(
+            f"pretrained {ckpt}: perplexity forward {ppl['forward_perplexity']:.1f}, backward "
+            f"{ppl['backward_perplexity']:.1f} ({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
     rows, counts = items()
-    rows = rows[::args.every]
+    rows = rows[:: args.every]
     print(f"WordNet examples: {json.dumps(counts.as_dict())}", flush=True)
     features_of(ckpt, rows)
     print(f"features of {len(rows):,} sentences ({time.perf_counter() - t0:.0f}s)", flush=True)

@@ -15,6 +15,7 @@ checking that the wheels were made for this Python.
 
     python3 bench/gpu_check_env.py VENV --wheels DIR --repo DIR PACKAGE...   # prints the venv's python
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ from pathlib import Path
 
 PTH_NAME = "glm_gpu_check.pth"
 # name-version(-build)?-python-abi-platform.whl (PEP 427); a tag may be a dotted set (py2.py3)
-WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
-                   r"-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$")
+WHEEL = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
+    r"-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$"
+)
 
 
 def wheels_not_for(wheels: list[str], version: tuple[int, int]) -> list[str]:
@@ -56,10 +59,12 @@ def check_wheels(wheels: Path, version: tuple[int, int]) -> None:
     made_for = json.loads(prepared.read_text())["python"] if prepared.exists() else None
     refused = wheels_not_for(sorted(p.name for p in wheels.glob("*.whl")), version)
     if refused or (made_for and made_for != f"{version[0]}.{version[1]}"):
-        sys.exit(f"gpu_check: the wheels in {wheels} were prepared for Python {made_for or '?'}, this one is "
-                 f"{version[0]}.{version[1]} ({sys.executable}): {'; '.join(refused) or 'see ' + str(prepared)}. "
-                 f"Run GLM_GPU_CHECK_PYTHON_VERSION={version[0]}.{version[1]} bash bench/gpu_check.sh --prepare "
-                 f"on a networked machine")
+        sys.exit(
+            f"gpu_check: the wheels in {wheels} were prepared for Python {made_for or '?'}, this one is "
+            f"{version[0]}.{version[1]} ({sys.executable}): {'; '.join(refused) or 'see ' + str(prepared)}. "
+            f"Run GLM_GPU_CHECK_PYTHON_VERSION={version[0]}.{version[1]} bash bench/gpu_check.sh --prepare "
+            f"on a networked machine"
+        )
 
 
 def parent_site_dirs() -> list[str]:
@@ -71,8 +76,12 @@ def make_venv(venv: Path, repo: Path) -> Path:
     """A venv from this interpreter that sees its packages and ``repo`` (see the module's doc)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(venv)], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     lines = [str(repo)] + [f"import site; site.addsitedir({d!r})" for d in parent_site_dirs()]
     Path(purelib, PTH_NAME).write_text("\n".join(lines) + "\n")
     return python
@@ -82,12 +91,27 @@ def install(python: Path, wheels: Path, packages: list[str]) -> None:
     """pip (this interpreter's) installs ``packages`` into ``python``'s venv from ``wheels`` only;
     those the parent's packages already satisfy stay as they are."""
     links = ["--find-links", str(wheels)] if wheels.is_dir() else []
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
-                           "--disable-pip-version-check", "--no-cache-dir", *links, *packages])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            *links,
+            *packages,
+        ]
+    )
     if proc.returncode:
-        sys.exit(f"gpu_check: pip could not install {' '.join(packages)} from {wheels} without a network "
-                 f"(exit {proc.returncode}, its message above): run bash bench/gpu_check.sh --prepare on a "
-                 f"networked machine, or add the missing package to GLM_GPU_CHECK_PACKAGES there")
+        sys.exit(
+            f"gpu_check: pip could not install {' '.join(packages)} from {wheels} without a network "
+            f"(exit {proc.returncode}, its message above): run bash bench/gpu_check.sh --prepare on a "
+            f"networked machine, or add the missing package to GLM_GPU_CHECK_PACKAGES there"
+        )
 
 
 def imports_in_child(python: Path, modules: list[str]) -> dict[str, str]:
@@ -97,8 +121,9 @@ def imports_in_child(python: Path, modules: list[str]) -> dict[str, str]:
     env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True)
     if proc.returncode:
-        sys.exit(f"gpu_check: {python} cannot import {', '.join(modules)} in a clean environment:\n"
-                 f"{proc.stderr[-3000:]}")
+        sys.exit(
+            f"gpu_check: {python} cannot import {', '.join(modules)} in a clean environment:\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout.splitlines()[-1])
 
 
@@ -108,14 +133,19 @@ def main() -> None:
     ap.add_argument("packages", nargs="+", help="what the check imports beyond the parent's packages")
     ap.add_argument("--wheels", type=Path, required=True)
     ap.add_argument("--repo", type=Path, required=True)
-    ap.add_argument("--imports", default="torch,deepspeed,webdataset,wandb,tokenizers,transformers,pytest,glm_dist",
-                    help="modules the made environment must import")
+    ap.add_argument(
+        "--imports",
+        default="torch,deepspeed,webdataset,wandb,tokenizers,transformers,pytest,glm_dist",
+        help="modules the made environment must import",
+    )
     args = ap.parse_args()
     version = sys.version_info[:2]
     if args.wheels.is_dir():
         check_wheels(args.wheels, version)
-    print(f"parent: {sys.executable} (Python {version[0]}.{version[1]}; a venv: {sys.prefix != sys.base_prefix}); "
-          f"site folders {parent_site_dirs()}")
+    print(
+        f"parent: {sys.executable} (Python {version[0]}.{version[1]}; a venv: {sys.prefix != sys.base_prefix}); "
+        f"site folders {parent_site_dirs()}"
+    )
     python = make_venv(args.venv, args.repo.resolve())
     install(python, args.wheels, args.packages)
     found = imports_in_child(python, args.imports.split(","))

@@ -12,6 +12,7 @@ there only the model states are compared.
     python bench/gpu_check_memory.py --json m.json --flavors gpt2-medium \\
         --shrink n_layer=1,d_model=64,n_head=4 --seq-len 64 --batch 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,14 @@ HEADROOM = 0.9  # of a GPU's memory, what glm plan's recommendation fills at mos
 
 def plan_layout(mcfg, zero: int, *, seq_len: int, batch: int):
     """``glm plan``'s layout of one GPU at ZeRO ``zero``: what ``glm plan --gpus 1`` lists for it."""
-    layouts = plan(model_shape(family("gpt"), mcfg), gpus=1, seq_len=seq_len, micro_batch=batch, global_batch=batch,
-                   precision="bf16")
+    layouts = plan(
+        model_shape(family("gpt"), mcfg),
+        gpus=1,
+        seq_len=seq_len,
+        micro_batch=batch,
+        global_batch=batch,
+        precision="bf16",
+    )
     return next(lay for lay in layouts if (lay.zero, lay.offload) == (zero, "none"))
 
 
@@ -49,11 +56,19 @@ def measure(flavor: str, mcfg, zero: int, *, seq_len: int, batch: int, steps: in
     peak = device_memory(DEVICE)
     states = rank_model_states(engine)
     lay = plan_layout(mcfg, zero, seq_len=seq_len, batch=batch)
-    row = {"flavor": flavor, "zero": zero, "states_gib": sum(states.values()) / GIB,
-           "plan_states_gib": lay.model_states / GIB, "plan_gib": lay.total(False) / GIB}
+    row = {
+        "flavor": flavor,
+        "zero": zero,
+        "states_gib": sum(states.values()) / GIB,
+        "plan_states_gib": lay.model_states / GIB,
+        "plan_gib": lay.total(False) / GIB,
+    }
     if peak is not None:
-        row |= {"peak_gib": peak["mem_max_allocated_gib"], "reserved_gib": peak["mem_max_reserved_gib"],
-                "plan_holds": peak["mem_max_allocated_gib"] <= row["plan_gib"] / HEADROOM}
+        row |= {
+            "peak_gib": peak["mem_max_allocated_gib"],
+            "reserved_gib": peak["mem_max_reserved_gib"],
+            "plan_holds": peak["mem_max_allocated_gib"] <= row["plan_gib"] / HEADROOM,
+        }
     engine.destroy()
     del engine, step
     gc.collect()
@@ -81,8 +96,11 @@ def main() -> None:
             rows.append(measure(flavor, mcfg, zero, seq_len=args.seq_len, batch=args.batch, steps=args.steps))
             print(json.dumps(rows[-1]), flush=True)
     with open(args.json, "w") as f:
-        json.dump({"device": DEVICE, "seq_len": args.seq_len, "batch": args.batch, "headroom": HEADROOM,
-                   "rows": rows}, f, indent=1)
+        json.dump(
+            {"device": DEVICE, "seq_len": args.seq_len, "batch": args.batch, "headroom": HEADROOM, "rows": rows},
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ check's environment exists.
 A stage's parser may fail a stage whose command exited 0: the resume that did not resume, or memory
 readings missing from a GPU run's metrics (or present in a CPU run's).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def _rows(run_dir: Path, kind: str = "train") -> list[dict]:
 
 
 def _median_second_half(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows[len(rows) // 2:] if r.get(key) is not None]
+    values = [r[key] for r in rows[len(rows) // 2 :] if r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
@@ -57,17 +58,26 @@ def setup(log: Path, work: Path, cuda: bool) -> dict:
 
 def pytest(log: Path, work: Path, cuda: bool) -> dict:
     text = log.read_text(errors="replace")
-    summary = [line.strip("= \n") for line in text.splitlines()
-               if re.search(r"\d+ (passed|failed|errors?|selected|tests? collected)", line)]
+    summary = [
+        line.strip("= \n")
+        for line in text.splitlines()
+        if re.search(r"\d+ (passed|failed|errors?|selected|tests? collected)", line)
+    ]
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.MULTILINE)
     return {"summary": summary[-1] if summary else None, "failed": failed}
 
 
 def quickstart(log: Path, work: Path, cuda: bool) -> dict:
     train, val = _rows(work / "quickstart"), _rows(work / "quickstart", "val")
-    return {"steps": len(train), "first_loss": train[0]["loss"], "last_loss": train[-1]["loss"],
-            "tokens_per_s": _median_second_half(train, "tokens_per_s"), "mfu": _median_second_half(train, "mfu"),
-            "val_loss": val[-1]["val_loss"] if val else None, **_memory(train, cuda)}
+    return {
+        "steps": len(train),
+        "first_loss": train[0]["loss"],
+        "last_loss": train[-1]["loss"],
+        "tokens_per_s": _median_second_half(train, "tokens_per_s"),
+        "mfu": _median_second_half(train, "mfu"),
+        "val_loss": val[-1]["val_loss"] if val else None,
+        **_memory(train, cuda),
+    }
 
 
 def resume(log: Path, work: Path, cuda: bool) -> dict:
@@ -81,11 +91,14 @@ def resume(log: Path, work: Path, cuda: bool) -> dict:
 def throughput(log: Path, work: Path, cuda: bool) -> dict:
     """The trainer's runs at each micro-batch (``throughput_mbN``): tokens/s and MFU of the second half."""
     out = {}
-    for run in sorted(work.glob("throughput_mb*"), key=lambda p: int(p.name[len("throughput_mb"):])):
+    for run in sorted(work.glob("throughput_mb*"), key=lambda p: int(p.name[len("throughput_mb") :])):
         train = _rows(run)
-        out[run.name[len("throughput_"):]] = {"steps": len(train),
-                                              "tokens_per_s": _median_second_half(train, "tokens_per_s"),
-                                              "mfu": _median_second_half(train, "mfu"), **_memory(train, cuda)}
+        out[run.name[len("throughput_") :]] = {
+            "steps": len(train),
+            "tokens_per_s": _median_second_half(train, "tokens_per_s"),
+            "mfu": _median_second_half(train, "mfu"),
+            **_memory(train, cuda),
+        }
     if not out:
         raise StageFailed(f"no throughput_mb* run under {work}")
     return {"runs": out}
@@ -108,8 +121,18 @@ def profile(log: Path, work: Path, cuda: bool) -> dict:
 
 
 # each stage's parser, by the stage's name
-PARSERS = {"setup": setup, "env": env, "unit": pytest, "quickstart": quickstart, "resume": resume,
-           "resume_exact": pytest, "throughput": throughput, "bench": bench, "memory": memory, "profile": profile}
+PARSERS = {
+    "setup": setup,
+    "env": env,
+    "unit": pytest,
+    "quickstart": quickstart,
+    "resume": resume,
+    "resume_exact": pytest,
+    "throughput": throughput,
+    "bench": bench,
+    "memory": memory,
+    "profile": profile,
+}
 
 
 def record(out_json: Path, name: str, rc: int, seconds: float, log: Path, metrics: dict) -> None:
@@ -119,8 +142,14 @@ def record(out_json: Path, name: str, rc: int, seconds: float, log: Path, metric
     except (OSError, ValueError):
         out = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "stages": {}}
     tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else []
-    out["stages"][name] = {"ok": rc == 0, "rc": rc, "timed_out": rc in (124, 137), "seconds": seconds,
-                           **metrics, "log_tail": tail}
+    out["stages"][name] = {
+        "ok": rc == 0,
+        "rc": rc,
+        "timed_out": rc in (124, 137),
+        "seconds": seconds,
+        **metrics,
+        "log_tail": tail,
+    }
     out["ok"] = all(s["ok"] for s in out["stages"].values())
     out_json.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_json.with_name(out_json.name + ".tmp")
@@ -160,8 +189,10 @@ def _num(x) -> str:
 def _gib(row: dict) -> str:
     if "mem_max_allocated_gib" not in row:
         return ""
-    return (f", peak {row['mem_max_allocated_gib']:.1f} GiB allocated / {row['mem_max_reserved_gib']:.1f} reserved, "
-            f"{row['mem_alloc_retries']} retries")
+    return (
+        f", peak {row['mem_max_allocated_gib']:.1f} GiB allocated / {row['mem_max_reserved_gib']:.1f} reserved, "
+        f"{row['mem_alloc_retries']} retries"
+    )
 
 
 def result_text(name: str, s: dict) -> str:
@@ -171,39 +202,52 @@ def result_text(name: str, s: dict) -> str:
     if s.get("timed_out"):
         return "timed out (stage limit or the check's budget)"
     if name == "setup":
-        return (f"torch {s.get('modules', {}).get('torch', '?')}; "
-                f"installed: {' '.join(s.get('installed', [])) or 'nothing'}")
+        return (
+            f"torch {s.get('modules', {}).get('torch', '?')}; "
+            f"installed: {' '.join(s.get('installed', [])) or 'nothing'}"
+        )
     if name == "env":
         return f"{s.get('device')}, torch {s.get('torch')}, CUDA {s.get('cuda_version')}"
     if "summary" in s:
-        return ((s["summary"] or "no pytest summary")
-                + (f"; failed: {', '.join(s['failed'][:5])}" if s.get("failed") else ""))
+        return (s["summary"] or "no pytest summary") + (
+            f"; failed: {', '.join(s['failed'][:5])}" if s.get("failed") else ""
+        )
     if name == "quickstart" and "steps" in s:
-        return (f"{s['steps']} steps, loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, val {s['val_loss']:.3f}, "
-                f"{_num(s['tokens_per_s'])} tok/s, MFU {_pct(s['mfu'])}{_gib(s)}")
+        return (
+            f"{s['steps']} steps, loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, val {s['val_loss']:.3f}, "
+            f"{_num(s['tokens_per_s'])} tok/s, MFU {_pct(s['mfu'])}{_gib(s)}"
+        )
     if name == "resume" and "resumed_at" in s:
         return f"resumed at step {s['resumed_at']}, {s['steps']} steps in all, last loss {s['last_loss']:.3f}"
     if name == "throughput" and "runs" in s:
-        return "; ".join(f"{mb}: {_num(r['tokens_per_s'])} tok/s, MFU {_pct(r['mfu'])}{_gib(r)}"
-                         for mb, r in s["runs"].items())
+        return "; ".join(
+            f"{mb}: {_num(r['tokens_per_s'])} tok/s, MFU {_pct(r['mfu'])}{_gib(r)}" for mb, r in s["runs"].items()
+        )
     if name == "bench" and "rows" in s:
-        return "; ".join(f"{label}: {_num(r['tokens_per_s'])} vs {_num(r['transformers_tokens_per_s'])} tok/s "
-                         f"({r['ratio']:.2f}x), MFU {_pct(r['mfu_ours_reference'])} of the reference peak"
-                         for label, r in s["rows"].items())
+        return "; ".join(
+            f"{label}: {_num(r['tokens_per_s'])} vs {_num(r['transformers_tokens_per_s'])} tok/s "
+            f"({r['ratio']:.2f}x), MFU {_pct(r['mfu_ours_reference'])} of the reference peak"
+            for label, r in s["rows"].items()
+        )
     if name == "memory" and "rows" in s:
-        return "; ".join(f"{r['flavor']} Z{r['zero']}: "
-                         + (f"{r['peak_gib']:.1f}/{r['plan_gib']:.1f} GiB ({r['peak_gib'] / r['plan_gib']:.2f})"
-                            if r.get("peak_gib") is not None
-                            else f"states {r['states_gib']:.3f}/{r['plan_states_gib']:.3f} GiB")
-                         for r in s["rows"])
+        return "; ".join(
+            f"{r['flavor']} Z{r['zero']}: "
+            + (
+                f"{r['peak_gib']:.1f}/{r['plan_gib']:.1f} GiB ({r['peak_gib'] / r['plan_gib']:.2f})"
+                if r.get("peak_gib") is not None
+                else f"states {r['states_gib']:.3f}/{r['plan_states_gib']:.3f} GiB"
+            )
+            for r in s["rows"]
+        )
     if name == "profile":
         parts = []
         for mode, p in s.items():
             if not isinstance(p, dict) or "kinds_us" not in p:
                 continue
             total = sum(p["kinds_us"].values()) or 1
-            kinds = ", ".join(f"{k} {v / total:.0%}"
-                              for k, v in sorted(p["kinds_us"].items(), key=lambda kv: -kv[1])[:5])
+            kinds = ", ".join(
+                f"{k} {v / total:.0%}" for k, v in sorted(p["kinds_us"].items(), key=lambda kv: -kv[1])[:5]
+            )
             idle = f"; GPU idle {p['idle_share']:.1%} of the step" if p.get("idle_share") is not None else ""
             parts.append(f"{mode} ({p['device']}, {p['wall_s_per_step']:.3f} s/step): {kinds}{idle}")
         return "; ".join(parts)
@@ -212,19 +256,30 @@ def result_text(name: str, s: dict) -> str:
 
 def summary(out_json: Path) -> str:
     report = json.loads(out_json.read_text())
-    lines = [f"gpu_check {'passed' if report['ok'] else 'FAILED'} ({out_json})", "",
-             "| stage | ok | s | result |", "|---|---|---:|---|"]
+    lines = [
+        f"gpu_check {'passed' if report['ok'] else 'FAILED'} ({out_json})",
+        "",
+        "| stage | ok | s | result |",
+        "|---|---|---:|---|",
+    ]
     for name, s in report["stages"].items():
-        lines.append(f"| {name} | {'yes' if s['ok'] else 'NO (rc ' + str(s['rc']) + ')'} | {s['seconds']:.0f} | "
-                     f"{result_text(name, s)} |")
+        lines.append(
+            f"| {name} | {'yes' if s['ok'] else 'NO (rc ' + str(s['rc']) + ')'} | {s['seconds']:.0f} | "
+            f"{result_text(name, s)} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     command, out_json = sys.argv[1], Path(sys.argv[2])
     if command == "stage":
-        name, rc, seconds, log, work = (sys.argv[3], int(sys.argv[4]), float(sys.argv[5]),
-                                        Path(sys.argv[6]), Path(sys.argv[7]))
+        name, rc, seconds, log, work = (
+            sys.argv[3],
+            int(sys.argv[4]),
+            float(sys.argv[5]),
+            Path(sys.argv[6]),
+            Path(sys.argv[7]),
+        )
         sys.exit(stage(out_json, name, rc, seconds, log, work))
     if command == "summary":
         print(summary(out_json))

@@ -11,6 +11,7 @@
     python bench/loader_scaling.py                   # docs/benchmarks.md#loader (embedded corpus shards under /tmp)
     torchrun --nproc_per_node=N bench/loader_scaling.py --worker DIR --out OUT   # one JSON per rank (tests)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,11 +45,27 @@ def index_bytes(shards_dir: str) -> int:
     return sum(os.path.getsize(f"{shards_dir}/{n}") for n in names)
 
 
-def rank_reads(shards_dir: str, *, dp_rank: int, dp_size: int, steps: int, objective: str = "clm", seq_len: int = 128,
-               micro: int = 4, seed: int = 0) -> dict:
+def rank_reads(
+    shards_dir: str,
+    *,
+    dp_rank: int,
+    dp_size: int,
+    steps: int,
+    objective: str = "clm",
+    seq_len: int = 128,
+    micro: int = 4,
+    seed: int = 0,
+) -> dict:
     """Rank ``dp_rank``'s reads over ``steps`` steps, beside the global batches' document bytes."""
-    ld = Loader(shards_dir, objective=objective, seq_len=seq_len, micro_batch_size=micro, dp_rank=dp_rank,
-                dp_size=dp_size, seed=seed)
+    ld = Loader(
+        shards_dir,
+        objective=objective,
+        seq_len=seq_len,
+        micro_batch_size=micro,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=seed,
+    )
     ld.next_step(build=False)  # start-up (document table, plan) is not throughput
     doc_bytes, seconds, samples, tokens = 0, 0.0, [], 0
     for _ in range(steps):
@@ -59,9 +76,18 @@ def rank_reads(shards_dir: str, *, dp_rank: int, dp_size: int, steps: int, objec
         tokens += sum(int(b["input_ids"].numel()) for b in batches)
         samples += [list(s) for s in ld.last_samples]
     stats = ld.read_stats
-    return {"rank": dp_rank, "dp": dp_size, "steps": steps, "bytes": stats.bytes, "requests": stats.requests,
-            "doc_bytes": doc_bytes, "tokens": tokens, "seconds": seconds, "samples": samples,
-            "index_bytes": index_bytes(shards_dir)}
+    return {
+        "rank": dp_rank,
+        "dp": dp_size,
+        "steps": steps,
+        "bytes": stats.bytes,
+        "requests": stats.requests,
+        "doc_bytes": doc_bytes,
+        "tokens": tokens,
+        "seconds": seconds,
+        "samples": samples,
+        "index_bytes": index_bytes(shards_dir),
+    }
 
 
 def worker(shards_dir: str, out: str, steps: int, objective: str) -> None:
@@ -77,18 +103,22 @@ def scaling_table(shards_dir: str, *, steps: int, seq_len: int, micro: int) -> l
     train = manifest["splits"]["train"]
     tar_bytes = sum(os.path.getsize(f"{shards_dir}/{e['name']}") for e in train)
     tokens = sum(e["num_tokens"] for e in train)
-    rows = ["| DP | ranks measured | bytes read per rank per step | of the global batch's document bytes | "
-            "requests per rank per step | tokens/s per rank | before: bytes per rank per step |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| DP | ranks measured | bytes read per rank per step | of the global batch's document bytes | "
+        "requests per rank per step | tokens/s per rank | before: bytes per rank per step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for dp in (1, 2, 4, 8, 64):
         ranks = list(range(dp)) if dp <= 8 else [0, 21, 42, 63]
         res = [rank_reads(shards_dir, dp_rank=r, dp_size=dp, steps=steps, seq_len=seq_len, micro=micro) for r in ranks]
         per_step = np.mean([r["bytes"] / steps for r in res])
         share = np.mean([r["bytes"] / r["doc_bytes"] for r in res])
         before = tar_bytes / tokens * micro * seq_len * dp  # every rank streamed the shards the global batch came from
-        rows.append(f"| {dp} | {len(ranks)} | {per_step / 1024:,.1f} KiB | {share:.3f} (1/DP = {1 / dp:.3f}) | "
-                    f"{np.mean([r['requests'] / steps for r in res]):.1f} | "
-                    f"{np.mean([r['tokens'] / r['seconds'] for r in res]):,.0f} | {before / 1024:,.1f} KiB |")
+        rows.append(
+            f"| {dp} | {len(ranks)} | {per_step / 1024:,.1f} KiB | {share:.3f} (1/DP = {1 / dp:.3f}) | "
+            f"{np.mean([r['requests'] / steps for r in res]):.1f} | "
+            f"{np.mean([r['tokens'] / r['seconds'] for r in res]):,.0f} | {before / 1024:,.1f} KiB |"
+        )
     return rows
 
 
@@ -126,29 +156,35 @@ def first_batch_seconds(base: Path, *, seq_len: int, micro: int, dp: int) -> tup
     return time.perf_counter() - start, ld.read_stats.bytes
 
 
-def generated_startup(template: str, root: str, *, shards: int, docs_per_shard: int, seq_len: int,
-                      micro: int, dp: int) -> dict:
+def generated_startup(
+    template: str, root: str, *, shards: int, docs_per_shard: int, seq_len: int, micro: int, dp: int
+) -> dict:
     """Warm start-up to rank 0's first batch over generated metadata: the document table is already
     cached beside the shards (what ``glm data index`` or a first start leaves), built here in
     closed form from the one real index rather than parsed ``shards`` times."""
     base, entries, one = generated_set(template, root, shards=shards, docs_per_shard=docs_per_shard)
     d = docs_per_shard
     generated = DocTable(
-        root=str(base), names=[e["name"] for e in entries], dtype=one.dtype,
+        root=str(base),
+        names=[e["name"] for e in entries],
+        dtype=one.dtype,
         shard_bytes=np.full(shards, one.tar_bytes, dtype=np.int64),
         shard_start=np.arange(shards + 1, dtype=np.int64) * d,
         shard_tokens=np.full(shards, int(one.num_tokens.sum()), dtype=np.int64),
-        num_tokens=np.tile(one.num_tokens, shards), token_offset=np.tile(one.token_offset, shards),
+        num_tokens=np.tile(one.num_tokens, shards),
+        token_offset=np.tile(one.token_offset, shards),
         sentence_ptr=np.arange(shards * d + 1, dtype=np.int64),
-        sentence_lengths=np.tile(one.num_tokens.astype(np.int32), shards))
+        sentence_lengths=np.tile(one.num_tokens.astype(np.int32), shards),
+    )
     save_doc_table(f"{base}/.glm-index/train-{table_digest(entries, 'train')}", generated)
     del generated
     seconds, read = first_batch_seconds(base, seq_len=seq_len, micro=micro, dp=dp)
     return {"documents": shards * d, "shards": shards, "seconds": seconds, "bytes": read}
 
 
-def cold_startup(template: str, root: str, *, shards: int, docs_per_shard: int, seq_len: int, micro: int, dp: int,
-                 workers: int) -> dict:
+def cold_startup(
+    template: str, root: str, *, shards: int, docs_per_shard: int, seq_len: int, micro: int, dp: int, workers: int
+) -> dict:
     """Cold start-up: no cached table, so the index files are read and parsed (index files ->
     document table -> sample index -> first batch), as a training rank does it (threads); and the
     same table built by ``glm data index`` with ``workers`` processes."""
@@ -159,8 +195,15 @@ def cold_startup(template: str, root: str, *, shards: int, docs_per_shard: int, 
     load_doc_table(str(base), read_manifest(str(base)), "train", workers=workers)
     indexer = time.perf_counter() - start
     index_bytes = sum(os.path.getsize(base / e["index"]) for e in entries)
-    return {"documents": shards * docs_per_shard, "shards": shards, "seconds": seconds, "bytes": read,
-            "indexer_seconds": indexer, "workers": workers, "index_bytes": index_bytes}
+    return {
+        "documents": shards * docs_per_shard,
+        "shards": shards,
+        "seconds": seconds,
+        "bytes": read,
+        "indexer_seconds": indexer,
+        "workers": workers,
+        "index_bytes": index_bytes,
+    }
 
 
 def shuffle_quality(shards_dir: str, *, global_batch: int, steps: int, seq_len: int) -> tuple[float, float]:
@@ -187,8 +230,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--root", default="/tmp/glm-bench-scaling")
     ap.add_argument("--shards", type=int, default=100_000, help="warm start-up: generated shards")
-    ap.add_argument("--cold-shards", type=int, nargs="*", default=[1_000, 4_000],
-                    help="cold start-up: generated shards (time grows linearly: the index files are parsed)")
+    ap.add_argument(
+        "--cold-shards",
+        type=int,
+        nargs="*",
+        default=[1_000, 4_000],
+        help="cold start-up: generated shards (time grows linearly: the index files are parsed)",
+    )
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.out, args.steps, args.objective)
@@ -201,21 +249,36 @@ def main() -> None:
     small = f"{args.root}/embedded-64k"  # the same corpus in 64 KiB shards: enough shards to tell
     prepare_shards(source="embedded", out_dir=small, vocab_size=8192, shard_max_bytes=64 << 10)
     before, after = shuffle_quality(small, global_batch=256, steps=8, seq_len=512)
-    print(f"\nshuffle quality ({len(read_manifest(small)['splits']['train'])} shards of 64 KiB), share of a global "
-          f"batch of 256 from its most common shard: packing order with a window of 4 shards (the streaming "
-          f"loader) {before:.3f}, sample index {after:.3f}")
-    up = generated_startup(shards_dir, f"{args.root}/generated", shards=args.shards, docs_per_shard=1000,
-                           seq_len=2048, micro=8, dp=64)
-    print(f"\nstart-up to rank 0's first batch (DP = 64, seq 2048), warm (document table cached): "
-          f"{up['documents']:,} documents in {up['shards']:,} shards: {up['seconds']:.2f} s, "
-          f"{up['bytes'] / 1024:,.1f} KiB read")
+    print(
+        f"\nshuffle quality ({len(read_manifest(small)['splits']['train'])} shards of 64 KiB), share of a global "
+        f"batch of 256 from its most common shard: packing order with a window of 4 shards (the streaming "
+        f"loader) {before:.3f}, sample index {after:.3f}"
+    )
+    up = generated_startup(
+        shards_dir, f"{args.root}/generated", shards=args.shards, docs_per_shard=1000, seq_len=2048, micro=8, dp=64
+    )
+    print(
+        f"\nstart-up to rank 0's first batch (DP = 64, seq 2048), warm (document table cached): "
+        f"{up['documents']:,} documents in {up['shards']:,} shards: {up['seconds']:.2f} s, "
+        f"{up['bytes'] / 1024:,.1f} KiB read"
+    )
     shutil.rmtree(f"{args.root}/generated", ignore_errors=True)
     for shards in args.cold_shards:
-        cold = cold_startup(shards_dir, f"{args.root}/cold", shards=shards, docs_per_shard=1000, seq_len=2048,
-                            micro=8, dp=64, workers=os.cpu_count() or 1)
-        print(f"cold (index files parsed): {cold['documents']:,} documents in {cold['shards']:,} shards "
-              f"({cold['index_bytes'] / 2**20:,.0f} MiB of index files): first batch {cold['seconds']:.2f} s; "
-              f"glm data index's table with {cold['workers']} processes {cold['indexer_seconds']:.2f} s")
+        cold = cold_startup(
+            shards_dir,
+            f"{args.root}/cold",
+            shards=shards,
+            docs_per_shard=1000,
+            seq_len=2048,
+            micro=8,
+            dp=64,
+            workers=os.cpu_count() or 1,
+        )
+        print(
+            f"cold (index files parsed): {cold['documents']:,} documents in {cold['shards']:,} shards "
+            f"({cold['index_bytes'] / 2**20:,.0f} MiB of index files): first batch {cold['seconds']:.2f} s; "
+            f"glm data index's table with {cold['workers']} processes {cold['indexer_seconds']:.2f} s"
+        )
         shutil.rmtree(f"{args.root}/cold", ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ masking beside transformers' DataCollatorForLanguageModeling on the same sequenc
 
     python bench/loader_throughput.py            # builds shards of the embedded corpus under /tmp if needed
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,16 @@ from glm_dist.data.loader import Loader
 from glm_dist.data.workers import WorkerLoader
 from glm_dist.objectives.mlm import MaskingOptions, mask_tokens
 
-PROFILE_FOR = {"clm": "gpt2", "mlm": "roberta", "mlm_nsp": "bert", "sop": "albert", "span_corruption": "t5",
-               "denoising": "roberta", "electra": "bert", "plm": "xlnet"}
+PROFILE_FOR = {
+    "clm": "gpt2",
+    "mlm": "roberta",
+    "mlm_nsp": "bert",
+    "sop": "albert",
+    "span_corruption": "t5",
+    "denoising": "roberta",
+    "electra": "bert",
+    "plm": "xlnet",
+}
 
 
 def shards_for(profile: str, root: str) -> str:
@@ -27,8 +36,9 @@ def shards_for(profile: str, root: str) -> str:
     return out
 
 
-def loader_tokens_per_s(shards_dir: str, objective: str, workers: int, *, seq_len: int, batch: int,
-                        seconds: float) -> float:
+def loader_tokens_per_s(
+    shards_dir: str, objective: str, workers: int, *, seq_len: int, batch: int, seconds: float
+) -> float:
     kw = dict(objective=objective, seq_len=seq_len, micro_batch_size=batch, seed=0)
     ld = WorkerLoader(shards_dir, num_workers=workers, **kw) if workers else Loader(shards_dir, **kw)
     ld.next_step()  # start-up (workers, first shard) is not throughput
@@ -61,8 +71,14 @@ def train_tokens_per_s(flavor: str, *, n_layer: int | None, seq_len: int, batch:
 def masking_vs_transformers(shards_dir: str, *, seq_len: int, batch: int, rounds: int) -> tuple[float, float]:
     from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_file=f"{shards_dir}/tokenizer.json", bos_token="<s>", eos_token="</s>",
-                                  pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=f"{shards_dir}/tokenizer.json",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
     ld = Loader(shards_dir, objective="clm", seq_len=seq_len, micro_batch_size=batch, seed=0)
     seqs = [ld.next_step()[0]["input_ids"] for _ in range(rounds)]
     collator = DataCollatorForLanguageModeling(tok, mlm_probability=0.15)
@@ -90,23 +106,33 @@ def main() -> None:
     ap.add_argument("--objectives", default=",".join(PROFILE_FOR))
     args = ap.parse_args()
 
-    consume = {"tiny (2.1M)": train_tokens_per_s("tiny", n_layer=None, seq_len=256, batch=16),
-               "gpt2-small (124M)": train_tokens_per_s("gpt2-small", n_layer=None, seq_len=args.seq_len, batch=4)}
-    print("training step consumption on this machine (bf16, tokens/s): "
-          + ", ".join(f"{k}: {v:,.0f}" for k, v in consume.items()))
+    consume = {
+        "tiny (2.1M)": train_tokens_per_s("tiny", n_layer=None, seq_len=256, batch=16),
+        "gpt2-small (124M)": train_tokens_per_s("gpt2-small", n_layer=None, seq_len=args.seq_len, batch=4),
+    }
+    print(
+        "training step consumption on this machine (bf16, tokens/s): "
+        + ", ".join(f"{k}: {v:,.0f}" for k, v in consume.items())
+    )
     fastest_step = max(consume.values())
     print("\n| objective | 0 workers | 1 worker | 2 workers | best ÷ tiny step's consumption |")
     print("|---|---|---|---|---|")
     for objective in args.objectives.split(","):
         d = shards_for(PROFILE_FOR[objective], args.root)
-        rates = [loader_tokens_per_s(d, objective, w, seq_len=args.seq_len, batch=args.batch, seconds=args.seconds)
-                 for w in (0, 1, 2)]
-        print(f"| {objective} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[2]:,.0f} | "
-              f"{max(rates) / fastest_step:.0f}x |")
-    ours, hf = masking_vs_transformers(shards_for("roberta", args.root), seq_len=args.seq_len, batch=args.batch,
-                                       rounds=40)
-    print(f"\nMLM masking, tokens/s: glm-dist {ours:,.0f} | transformers DataCollatorForLanguageModeling {hf:,.0f} "
-          f"| ratio {ours / hf:.2f}x")
+        rates = [
+            loader_tokens_per_s(d, objective, w, seq_len=args.seq_len, batch=args.batch, seconds=args.seconds)
+            for w in (0, 1, 2)
+        ]
+        print(
+            f"| {objective} | {rates[0]:,.0f} | {rates[1]:,.0f} | {rates[2]:,.0f} | {max(rates) / fastest_step:.0f}x |"
+        )
+    ours, hf = masking_vs_transformers(
+        shards_for("roberta", args.root), seq_len=args.seq_len, batch=args.batch, rounds=40
+    )
+    print(
+        f"\nMLM masking, tokens/s: glm-dist {ours:,.0f} | transformers DataCollatorForLanguageModeling {hf:,.0f} "
+        f"| ratio {ours / hf:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ counts for the fused loss.
     python bench/loss_memory.py --compiled            # and the compiled kernel's row
     python bench/loss_memory.py --dtype fp32 --json   # one JSON line (the test reads it)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,12 @@ def measure(step, h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, *args) -> d
         start = time.perf_counter()
         loss = step(h, w, t, *args)
         seconds = time.perf_counter() - start
-    return {"loss": float(loss), "peak_mib": peak.peak / MiB, "seconds": seconds,
-            "grads": (h.grad.float().clone(), w.grad.float().clone())}
+    return {
+        "loss": float(loss),
+        "peak_mib": peak.peak / MiB,
+        "seconds": seconds,
+        "grads": (h.grad.float().clone(), w.grad.float().clone()),
+    }
 
 
 def measure_compiled(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, chunk: int) -> dict:
@@ -79,9 +84,12 @@ def measure_compiled(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, chunk: i
     compile_s = time.perf_counter() - start
     kernel_bytes = metrics.num_bytes_accessed  # Triton kernels only: 0 for the CPU's C++
     n = min(chunk, h.shape[0]) * w.shape[0]
-    return {**measure(fused_step, h, w, t, chunk, True), "compile_seconds": compile_s,
-            "bytes_per_logit": bytes_per_logit(compiled=True, itemsize=h.element_size()),
-            "inductor_bytes_per_logit": kernel_bytes / n if kernel_bytes else None}
+    return {
+        **measure(fused_step, h, w, t, chunk, True),
+        "compile_seconds": compile_s,
+        "bytes_per_logit": bytes_per_logit(compiled=True, itemsize=h.element_size()),
+        "inductor_bytes_per_logit": kernel_bytes / n if kernel_bytes else None,
+    }
 
 
 def time_chunk_softmax(chunk: int, vocab: int, dtype: torch.dtype, *, repeats: int = 3) -> dict:
@@ -122,8 +130,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048 * 8, help="seq_len x micro-batch")
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--chunk", type=int, default=CHUNK_TOKENS, help="tokens per chunk of the eager chain")
-    ap.add_argument("--compiled-chunk", type=int, default=None,
-                    help="tokens per chunk of the compiled kernel (default: FUSED_CHUNK_TOKENS)")
+    ap.add_argument(
+        "--compiled-chunk",
+        type=int,
+        default=None,
+        help="tokens per chunk of the compiled kernel (default: FUSED_CHUNK_TOKENS)",
+    )
     ap.add_argument("--compiled", action="store_true", help="add the compiled kernel's row (always on CUDA)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--json", action="store_true")
@@ -133,8 +145,12 @@ def main() -> None:
     h = torch.randn(args.tokens, args.d_model, dtype=dtype, device=DEVICE).requires_grad_()
     w = (torch.randn(args.vocab, args.d_model, device=DEVICE) * 0.02).to(dtype).requires_grad_()
     t = torch.randint(0, args.vocab, (args.tokens,), device=DEVICE)
-    rows = {"fused": {**measure(fused_step, h, w, t, args.chunk, False),
-                      "bytes_per_logit": bytes_per_logit(compiled=False, itemsize=h.element_size())}}
+    rows = {
+        "fused": {
+            **measure(fused_step, h, w, t, args.chunk, False),
+            "bytes_per_logit": bytes_per_logit(compiled=False, itemsize=h.element_size()),
+        }
+    }
     if args.compiled or DEVICE.type == "cuda":
         from glm_dist.ops.cross_entropy import FUSED_CHUNK_TOKENS
 
@@ -142,13 +158,21 @@ def main() -> None:
         rows["compiled"]["chunk_softmax"] = time_chunk_softmax(args.chunk, args.vocab, dtype)
     rows["plain"] = measure(plain_step, h, w, t)
     plain_grads = rows["plain"].pop("grads")
-    diffs = {name: max((a - b).abs().max().item() for a, b in zip(r.pop("grads"), plain_grads))
-             for name, r in rows.items() if name != "plain"}
+    diffs = {
+        name: max((a - b).abs().max().item() for a, b in zip(r.pop("grads"), plain_grads))
+        for name, r in rows.items()
+        if name != "plain"
+    }
     planned = loss_logits_bytes(args.tokens, args.vocab, d_model=args.d_model, fused=True, chunk_tokens=args.chunk)
-    out = {**{k: getattr(args, k) for k in ("vocab", "tokens", "d_model", "chunk", "dtype")}, "device": DEVICE.type,
-           **rows, "saved_mib": rows["plain"]["peak_mib"] - rows["fused"]["peak_mib"],
-           "max_grad_diff": diffs["fused"], "compiled_max_grad_diff": diffs.get("compiled"),
-           "planned_fused_mib": planned / MiB}
+    out = {
+        **{k: getattr(args, k) for k in ("vocab", "tokens", "d_model", "chunk", "dtype")},
+        "device": DEVICE.type,
+        **rows,
+        "saved_mib": rows["plain"]["peak_mib"] - rows["fused"]["peak_mib"],
+        "max_grad_diff": diffs["fused"],
+        "compiled_max_grad_diff": diffs.get("compiled"),
+        "planned_fused_mib": planned / MiB,
+    }
     if args.json:
         print(json.dumps(out))
         return
@@ -156,10 +180,14 @@ def main() -> None:
 
 
 def print_table(out: dict, args) -> None:
-    print(f"vocab {args.vocab}, {args.tokens} tokens, d_model {args.d_model}, {args.dtype}, {out['device']}, "
-          f"chunk {args.chunk} tokens (eager)")
-    print("| loss | peak MiB (forward + backward) | seconds | time / plain | bytes per logit (softmax CE) | value |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    print(
+        f"vocab {args.vocab}, {args.tokens} tokens, d_model {args.d_model}, {args.dtype}, {out['device']}, "
+        f"chunk {args.chunk} tokens (eager)"
+    )
+    print(
+        "| loss | peak MiB (forward + backward) | seconds | time / plain | bytes per logit (softmax CE) | value |\n"
+        "|---|---:|---:|---:|---:|---:|"
+    )
     plain = out["plain"]
     for name in ("plain", "fused", "compiled"):
         r = out.get(name)
@@ -168,17 +196,23 @@ def print_table(out: dict, args) -> None:
         moved = "" if "bytes_per_logit" not in r else f"{r['bytes_per_logit']}"
         if r.get("inductor_bytes_per_logit"):
             moved += f" (inductor: {r['inductor_bytes_per_logit']:.1f})"
-        print(f"| {name} | {r['peak_mib']:,.0f} | {r['seconds']:.3f} | {r['seconds'] / plain['seconds']:.2f} | "
-              f"{moved or '-'} | {r['loss']:.6f} |")
-    print(f"\nsaved {out['saved_mib']:,.0f} MiB ({plain['peak_mib'] / max(out['fused']['peak_mib'], 1):.1f}x less); "
-          f"glm plan counts {out['planned_fused_mib']:,.0f} MiB for the fused loss; max |grad diff| "
-          f"{out['max_grad_diff']:.2e}")
+        print(
+            f"| {name} | {r['peak_mib']:,.0f} | {r['seconds']:.3f} | {r['seconds'] / plain['seconds']:.2f} | "
+            f"{moved or '-'} | {r['loss']:.6f} |"
+        )
+    print(
+        f"\nsaved {out['saved_mib']:,.0f} MiB ({plain['peak_mib'] / max(out['fused']['peak_mib'], 1):.1f}x less); "
+        f"glm plan counts {out['planned_fused_mib']:,.0f} MiB for the fused loss; max |grad diff| "
+        f"{out['max_grad_diff']:.2e}"
+    )
     if "compiled" in out:
         k = out["compiled"]["chunk_softmax"]
-        print(f"compiled kernel: compiled in {out['compiled']['compile_seconds']:.1f} s, max |grad diff| "
-              f"{out['compiled_max_grad_diff']:.2e}; one chunk's softmax cross entropy alone ({k['chunk']} tokens, "
-              f"matmuls left out): eager chain {k['eager'] * 1e3:.1f} ms, compiled kernel {k['compiled'] * 1e3:.1f} "
-              f"ms ({k['eager_over_compiled']:.2f}x)")
+        print(
+            f"compiled kernel: compiled in {out['compiled']['compile_seconds']:.1f} s, max |grad diff| "
+            f"{out['compiled_max_grad_diff']:.2e}; one chunk's softmax cross entropy alone ({k['chunk']} tokens, "
+            f"matmuls left out): eager chain {k['eager'] * 1e3:.1f} ms, compiled kernel {k['compiled'] * 1e3:.1f} "
+            f"ms ({k['eager_over_compiled']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

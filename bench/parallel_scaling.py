@@ -11,6 +11,7 @@ more processes than cores measure oversubscription, not scaling; the table says 
 
     python bench/parallel_scaling.py [--steps 6] [--d-model 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,15 +47,35 @@ def run(name: str, nproc: int, extra: list[str], shards: str, out: Path, args) -
     pp = next((int(o.split("=")[1]) for o in extra if o.startswith("parallel.pipeline_stages=")), 1)
     tp = next((int(o.split("=")[1]) for o in extra if o.startswith("parallel.tensor_parallel=")), 1)
     dp = nproc // (pp * tp)
-    cfg = ["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), f"data.shards_dir={shards}",
-           f"train.out_dir={out}", f"model.d_model={args.d_model}", "model.n_layer=4", "model.n_head=4",
-           "data.seq_len=128", f"train.micro_batch_size={micro}",
-           f"train.grad_accum_steps={global_batch // (micro * dp)}",
-           f"train.max_steps={args.steps}", "train.warmup_steps=1", "train.eval_batches=1", "train.eval_interval=0",
-           "train.save_interval=0", "train.plot=false", "logging.wandb=false", "logging.progress=false",
-           "logging.log_interval=1", "train.precision=fp32", *extra]
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                if nproc > 1 else [sys.executable])
+    cfg = [
+        "train",
+        "-c",
+        str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
+        f"data.shards_dir={shards}",
+        f"train.out_dir={out}",
+        f"model.d_model={args.d_model}",
+        "model.n_layer=4",
+        "model.n_head=4",
+        "data.seq_len=128",
+        f"train.micro_batch_size={micro}",
+        f"train.grad_accum_steps={global_batch // (micro * dp)}",
+        f"train.max_steps={args.steps}",
+        "train.warmup_steps=1",
+        "train.eval_batches=1",
+        "train.eval_interval=0",
+        "train.save_interval=0",
+        "train.plot=false",
+        "logging.wandb=false",
+        "logging.progress=false",
+        "logging.log_interval=1",
+        "train.precision=fp32",
+        *extra,
+    ]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc)), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([*launcher, "-m", "glm_dist.cli", *cfg], cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -62,9 +83,13 @@ def run(name: str, nproc: int, extra: list[str], shards: str, out: Path, args) -
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     speeds = [r["tokens_per_s"] for r in rows if r["kind"] == "train"][1:]
     mem = [json.loads((out / f"model_states_rank{r}.json").read_text()) for r in range(nproc)]
-    return {"tokens_per_s": statistics.median(speeds), "pp": pp, "micro_batches": global_batch // (micro * dp),
-            "params_mb": max(m["params"] for m in mem) / 2**20,
-            "states_mb": max(m["params"] + m["grads"] + m["optimizer"] for m in mem) / 2**20}
+    return {
+        "tokens_per_s": statistics.median(speeds),
+        "pp": pp,
+        "micro_batches": global_batch // (micro * dp),
+        "params_mb": max(m["params"] for m in mem) / 2**20,
+        "states_mb": max(m["params"] + m["grads"] + m["optimizer"] for m in mem) / 2**20,
+    }
 
 
 def main() -> None:
@@ -78,12 +103,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         shards = f"{tmp}/shards"
         prepare_shards(source="embedded", out_dir=shards, vocab_size=2048, shard_max_bytes=256 * 1024)
-        results = {name: run(name, n, extra, shards, Path(tmp) / f"run{i}", args)
-                   for i, (name, n, extra) in enumerate(LAYOUTS)}
+        results = {
+            name: run(name, n, extra, shards, Path(tmp) / f"run{i}", args) for i, (name, n, extra) in enumerate(LAYOUTS)
+        }
     base = results["1 process"]
     print(f"GPT d_model {args.d_model}, 4 layers, seq 128, global batch 16, fp32; {cores} CPU cores\n")
-    print("| layout | processes | tokens/s | vs 1 process | max per-rank model states (MB) | params (MB) "
-          "| bubble measured | (p-1)/(m+p-1) |")
+    print(
+        "| layout | processes | tokens/s | vs 1 process | max per-rank model states (MB) | params (MB) "
+        "| bubble measured | (p-1)/(m+p-1) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for (name, n, _), r in zip(LAYOUTS, results.values()):
         if r["pp"] > 1:
@@ -93,8 +121,10 @@ def main() -> None:
         else:
             measured = theory = "-"
         note = " (oversubscribed)" if n > cores else ""
-        print(f"| {name}{note} | {n} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
-              f"{r['states_mb']:.1f} | {r['params_mb']:.1f} | {measured} | {theory} |")
+        print(
+            f"| {name}{note} | {n} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
+            f"{r['states_mb']:.1f} | {r['params_mb']:.1f} | {measured} | {theory} |"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ statistics): the resident set sampled by a thread above what the process held on
 so glibc maps every allocation over 64 KiB on its own and unmaps it when freed; otherwise freed
 heap memory stays resident and is counted.
 """
+
 from __future__ import annotations
 
 import os

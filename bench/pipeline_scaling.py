@@ -15,6 +15,7 @@
 
     python bench/pipeline_scaling.py [--copies 8] [--docs 100000 1000000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,12 @@ def generated_crawl(folder: str, copies: int) -> int:
         records = []
         for url, ctype, body, status in every:
             if b"</body>" in body:
-                body = body.replace(b"</body>", f"<p>Mirror {i} of this page, kept on server {i * 7 + 3} since "
-                                                f"day {i * 11 + 5} of the crawl.</p></body>".encode(), 1)
+                body = body.replace(
+                    b"</body>",
+                    f"<p>Mirror {i} of this page, kept on server {i * 7 + 3} since "
+                    f"day {i * 11 + 5} of the crawl.</p></body>".encode(),
+                    1,
+                )
             records.append(response_records(f"{url}?mirror={i}", ctype, body, status))
         with open(os.path.join(folder, f"crawl-{i:03d}.warc.gz"), "wb") as f:
             f.write(b"".join(records))
@@ -77,8 +82,10 @@ def stage_memory(work: Storage, stages: list[tuple[str, int]]) -> dict[str, floa
 def pipeline_rows(root: str, copies: int, workers: list[int]) -> list[str]:
     crawl = f"{root}/crawl"
     records = generated_crawl(crawl, copies)
-    rows = ["| workers | wall s | docs/s | kept | largest task MB: filter / buckets / clusters / removals / write |",
-            "|---:|---:|---:|---:|---|"]
+    rows = [
+        "| workers | wall s | docs/s | kept | largest task MB: filter / buckets / clusters / removals / write |",
+        "|---:|---:|---:|---:|---|",
+    ]
     for w in workers:
         out = f"{root}/out-{w}"
         shutil.rmtree(out, ignore_errors=True)
@@ -88,9 +95,11 @@ def pipeline_rows(root: str, copies: int, workers: list[int]) -> list[str]:
         wall = time.perf_counter() - start
         mem = stage_memory(pipe.work, pipe.stages())
         kept = json.loads(Path(out, "manifest.json").read_text())["documents"]
-        rows.append(f"| {w} | {wall:.1f} | {records / wall:.1f} | {kept} | "
-                    + " / ".join(f"{mem.get(s, 0):.0f}" for s in ("filter", "buckets", "clusters", "removals", "write"))
-                    + " |")
+        rows.append(
+            f"| {w} | {wall:.1f} | {records / wall:.1f} | {kept} | "
+            + " / ".join(f"{mem.get(s, 0):.0f}" for s in ("filter", "buckets", "clusters", "removals", "write"))
+            + " |"
+        )
     return rows
 
 
@@ -103,8 +112,8 @@ def planted_keys(n: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     keys = rng.integers(0, 2**63, (n, BANDS), dtype=np.int64).astype(np.uint64)
     order = rng.permutation(n)
     sizes = np.minimum(200, 2 + rng.pareto(1.5, n // 2)).astype(np.int64)
-    sizes = sizes[:np.searchsorted(np.cumsum(sizes), n // 2) + 1]
-    members = order[:sizes.sum()]
+    sizes = sizes[: np.searchsorted(np.cumsum(sizes), n // 2) + 1]
+    members = order[: sizes.sum()]
     cluster = np.repeat(np.arange(len(sizes)), sizes)
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     for b in range(BANDS):  # in band b a member takes the key of its predecessor (a chain) or of its cluster's first
@@ -133,8 +142,12 @@ class DedupJob:
 
     def __init__(self, work_url: str):
         self.work = Storage(work_url)
-        self.pipe = SimpleNamespace(recipe=SimpleNamespace(dedup=SimpleNamespace(minhash=True, exact=False)),
-                                    inputs=[""] * FILES, work=self.work, partitions=PARTS)
+        self.pipe = SimpleNamespace(
+            recipe=SimpleNamespace(dedup=SimpleNamespace(minhash=True, exact=False)),
+            inputs=[""] * FILES,
+            work=self.work,
+            partitions=PARTS,
+        )
         self.rounds = Rounds(self.work, PARTS, FILES, [buckets.edges_key(p) for p in range(PARTS)])
 
     def stages(self) -> list[tuple[str, int]]:
@@ -162,8 +175,11 @@ def one_process(work: Storage, n: int, ids: np.ndarray) -> tuple[np.ndarray, flo
 
 
 def dedup_rows(root: str, sizes: list[int], workers: int) -> list[str]:
-    rows = ["| documents | band keys | ours: wall s | rounds | largest task MB (buckets / a round) | "
-            "one process + scipy: wall s | its peak MB | same clusters |", "|---:|---:|---:|---:|---|---:|---:|---|"]
+    rows = [
+        "| documents | band keys | ours: wall s | rounds | largest task MB (buckets / a round) | "
+        "one process + scipy: wall s | its peak MB | same clusters |",
+        "|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
     for n in sizes:
         base = f"{root}/dedup-{n}"
         shutil.rmtree(base, ignore_errors=True)
@@ -183,9 +199,11 @@ def dedup_rows(root: str, sizes: list[int], workers: int) -> list[str]:
         mem = stage_memory(work, stages)
         reference, ref_wall, ref_mb = one_process(work, n, ids)
         clustered = int((reference != ids).sum())
-        rows.append(f"| {n:,} | {n * BANDS:,} | {wall:.1f} | {len(stages) - 1} | {mem['buckets']:.0f} / "
-                    f"{mem['clusters']:.0f} | {ref_wall:.1f} | {ref_mb:.0f} | "
-                    f"{'yes' if np.array_equal(labels, reference) else 'NO'} ({clustered:,} duplicates) |")
+        rows.append(
+            f"| {n:,} | {n * BANDS:,} | {wall:.1f} | {len(stages) - 1} | {mem['buckets']:.0f} / "
+            f"{mem['clusters']:.0f} | {ref_wall:.1f} | {ref_mb:.0f} | "
+            f"{'yes' if np.array_equal(labels, reference) else 'NO'} ({clustered:,} duplicates) |"
+        )
         shutil.rmtree(base, ignore_errors=True)
     return rows
 

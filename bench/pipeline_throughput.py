@@ -15,6 +15,7 @@ MinHash signatures (112 permutations, word 5-grams) for the same texts: ours bes
     pip install -e .[bench]        # datatrove[processing], spacy (its English word tokenizer), datasketch
     python bench/pipeline_throughput.py [--pages 400]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,14 @@ out.flush()
 
 
 def pydoc_warc(path: str, pages: int) -> tuple[int, int]:
-    proc = subprocess.run([sys.executable, "-c", RENDER], capture_output=True, text=True, check=True,
-                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, "-c", RENDER],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd="/",
+    )
     rendered = [json.loads(line) for line in proc.stdout.splitlines()]
     total = 0
     with open(path, "wb") as f:
@@ -59,8 +66,11 @@ def pydoc_warc(path: str, pages: int) -> tuple[int, int]:
             page = rendered[i % len(rendered)]
             body = page["html"].encode()
             total += len(body)
-            f.write(response_records(f"https://docs.python.example/{i}/{page['name']}.html",
-                                     "text/html; charset=utf-8", body))
+            f.write(
+                response_records(
+                    f"https://docs.python.example/{i}/{page['name']}.html", "text/html; charset=utf-8", body
+                )
+            )
     return pages, total
 
 
@@ -68,8 +78,11 @@ def ours(path: str, language: bool) -> tuple[float, int, list[str]]:
     from data_pipeline.filters.steps import apply, build_steps
     from data_pipeline.readers import read
 
-    recipe = Recipe(input=[path], output="/tmp/unused", stages=["extract", "language", "gopher_repetition",
-                                                                "gopher_quality", "c4", "fineweb"])
+    recipe = Recipe(
+        input=[path],
+        output="/tmp/unused",
+        stages=["extract", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb"],
+    )
     recipe.language.enabled = language
     stats = Stats()
     steps = build_steps(recipe, stats)
@@ -97,12 +110,19 @@ def extracted_texts(path: str) -> list[str]:
 
 
 def datatrove_steps(c4_words: int, c4_sentences: int):
-    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
-                                            GopherRepetitionFilter)
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
 
-    return {"gopher_repetition": GopherRepetitionFilter(), "gopher_quality": GopherQualityFilter(),
-            "c4": C4QualityFilter(min_words_per_line=c4_words, min_num_sentences=c4_sentences),
-            "fineweb": FineWebQualityFilter()}
+    return {
+        "gopher_repetition": GopherRepetitionFilter(),
+        "gopher_quality": GopherQualityFilter(),
+        "c4": C4QualityFilter(min_words_per_line=c4_words, min_num_sentences=c4_sentences),
+        "fineweb": FineWebQualityFilter(),
+    }
 
 
 def datatrove_run(path: str, c4_words: int, c4_sentences: int) -> tuple[float, int]:
@@ -125,9 +145,12 @@ def agreement(texts: list[str]) -> dict[str, tuple[int, int, list[str]]]:
     from data_pipeline.filters import quality
 
     r = Recipe()
-    ours_rules = {"gopher_repetition": lambda t: quality.gopher_repetition(t, r.gopher_repetition)[0],
-                  "gopher_quality": lambda t: quality.gopher_quality(t, r.gopher_quality)[0],
-                  "c4": lambda t: quality.c4(t, r.c4)[0], "fineweb": lambda t: quality.fineweb(t, r.fineweb)[0]}
+    ours_rules = {
+        "gopher_repetition": lambda t: quality.gopher_repetition(t, r.gopher_repetition)[0],
+        "gopher_quality": lambda t: quality.gopher_quality(t, r.gopher_quality)[0],
+        "c4": lambda t: quality.c4(t, r.c4)[0],
+        "fineweb": lambda t: quality.fineweb(t, r.fineweb)[0],
+    }
     theirs = datatrove_steps(r.c4.min_words_per_line, r.c4.min_sentences)
     out = {}
     for name, fn in ours_rules.items():
@@ -138,8 +161,9 @@ def agreement(texts: list[str]) -> dict[str, tuple[int, int, list[str]]]:
             their = verdict if isinstance(verdict, bool) else verdict[0]
             same += mine == their
             if mine != their and len(disagree) < 3:
-                disagree.append(f"doc {i}: ours {'keep' if mine else fn(text)}, "
-                                f"datatrove {'keep' if their else verdict[1]}")
+                disagree.append(
+                    f"doc {i}: ours {'keep' if mine else fn(text)}, datatrove {'keep' if their else verdict[1]}"
+                )
         out[name] = (same, len(texts), disagree)
     return out
 
@@ -162,7 +186,7 @@ def minhash_rates(texts: list[str], rounds: int = 3) -> tuple[float, float]:
         for t in texts:
             words = normalize(t, "minhash").split()
             m = MinHash(num_perm=112)
-            m.update_batch([b" ".join(words[i:i + 5]) for i in range(max(1, len(words) - 4))])
+            m.update_batch([b" ".join(words[i : i + 5]) for i in range(max(1, len(words) - 4))])
 
     best = {mine: float("inf"), theirs: float("inf")}
     for _ in range(rounds):
@@ -187,13 +211,17 @@ def main() -> None:
             t_dt, kept_dt = datatrove_run(path, Recipe().c4.min_words_per_line, Recipe().c4.min_sentences)
         except ImportError as err:
             sys.exit(f"datatrove is not installed ({err}); pip install -e .[bench]")
-        rows = [("glm-dist: read+extract+langid+4 rule sets", t_ours, kept_ours),
-                ("glm-dist: same, without language ID", t_ours_nolang, None),
-                ("datatrove: read+trafilatura+4 rule sets (no langid)", t_dt, kept_dt)]
+        rows = [
+            ("glm-dist: read+extract+langid+4 rule sets", t_ours, kept_ours),
+            ("glm-dist: same, without language ID", t_ours_nolang, None),
+            ("datatrove: read+trafilatura+4 rule sets (no langid)", t_dt, kept_dt),
+        ]
         print("| pipeline | docs/s | MB/s | kept | vs datatrove |\n|---|---:|---:|---:|---:|")
         for name, t, kept in rows:
-            print(f"| {name} | {n / t:.1f} | {size / 1e6 / t:.2f} | {kept if kept is not None else '-'} | "
-                  f"{t_dt / t:.1f}x |")
+            print(
+                f"| {name} | {n / t:.1f} | {size / 1e6 / t:.2f} | {kept if kept is not None else '-'} | "
+                f"{t_dt / t:.1f}x |"
+            )
         texts = extracted_texts(path)
         print(f"\nrule agreement on the same {len(texts)} extracted texts (ours vs datatrove, same thresholds):\n")
         print("| rule set | same decision | share |\n|---|---:|---:|")
@@ -206,8 +234,10 @@ def main() -> None:
         mine, theirs = minhash_rates(texts)
         mb = sum(len(t.encode()) for t in texts) / 1e6
         print("\n| MinHash, 112 permutations | docs/s | MB/s | speed-up |\n|---|---:|---:|---:|")
-        print(f"| glm-dist (numpy, vectorised hashing) | {len(texts) / mine:.0f} | {mb / mine:.2f} | "
-              f"{theirs / mine:.1f}x |")
+        print(
+            f"| glm-dist (numpy, vectorised hashing) | {len(texts) / mine:.0f} | {mb / mine:.2f} | "
+            f"{theirs / mine:.1f}x |"
+        )
         print(f"| datasketch MinHash.update_batch | {len(texts) / theirs:.0f} | {mb / theirs:.2f} | 1.0x |")
 
 

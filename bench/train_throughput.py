@@ -18,6 +18,7 @@ the issue's MFU figure of a GPT-2 124M bf16 step, against the measured and the d
 
     python bench/train_throughput.py --n-layer 12 --seq-len 1024 --batch 16 --modes bf16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,19 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_REFERENCE_PEAK = {torch.float32: 433e9, torch.bfloat16: 2727e9}
 
 
-def build_ours(cfg_model, precision: str, batch: int, *, zero_stage: int = 0, lr: float = 1e-4,
-               compile: bool = False):
+def build_ours(cfg_model, precision: str, batch: int, *, zero_stage: int = 0, lr: float = 1e-4, compile: bool = False):
     """Our trainer's DeepSpeed engine (AdamW, grad clip 1.0) of a GPT built on the device; ``compile``:
     the blocks compiled as ``train.compile=true`` does (inductor)."""
-    cfg = load_config(None, [f"train.precision={precision}", f"train.micro_batch_size={batch}",
-                             f"parallel.zero_stage={zero_stage}", "train.grad_clip=1.0", f"train.lr={lr}"])
+    cfg = load_config(
+        None,
+        [
+            f"train.precision={precision}",
+            f"train.micro_batch_size={batch}",
+            f"parallel.zero_stage={zero_stage}",
+            "train.grad_clip=1.0",
+            f"train.lr={lr}",
+        ],
+    )
     with torch.device(DEVICE):
         model = GPT(cfg_model)
     if compile:
@@ -83,9 +91,18 @@ def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compil
 def hf_step_fn(cfg_model, precision: str, lr: float = 1e-4):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=cfg_model.vocab_size, n_positions=cfg_model.context_length,
-                                       n_embd=cfg_model.d_model, n_layer=cfg_model.n_layer, n_head=cfg_model.n_head,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).to(DEVICE)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=cfg_model.vocab_size,
+            n_positions=cfg_model.context_length,
+            n_embd=cfg_model.d_model,
+            n_layer=cfg_model.n_layer,
+            n_head=cfg_model.n_head,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    ).to(DEVICE)
     model.train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -151,8 +168,10 @@ PROFILE_GROUPS = [
     ("loss (chunked cross entropy)", r"log_softmax|logsumexp|nll_loss|cross_entropy|aten::(exp|sub|gather|scatter)"),
     ("LayerNorm, GELU, softmax", r"layer_norm|gelu|softmax"),
     ("casts and copies", r"aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|t|transpose|view|reshape|as_strided)$"),
-    ("elementwise (add, mul, dropout, ...)",
-     r"aten::(add|add_|mul|mul_|div|div_|where|masked_fill|zero_|fill_|sum|mean)"),
+    (
+        "elementwise (add, mul, dropout, ...)",
+        r"aten::(add|add_|mul|mul_|div|div_|where|masked_fill|zero_|fill_|sum|mean)",
+    ),
 ]
 
 # Kinds of GPU kernel (regular expressions over kernel names, case-insensitive, first match): NCCL's
@@ -166,15 +185,22 @@ KERNEL_KINDS = [
     ("attention", r"flash|fmha|attention|sdpa"),
     ("optimizer", r"adam|multi_tensor_apply|foreach|lamb"),
     ("gemm", r"gemm|gemv|nvjet|xmma|cutlass|cublas|triton_tem_"),
-    ("reduction", r"reduce|softmax|layer_?norm|rms_?norm|nll_loss|logsumexp|cross_entropy|welford|cub::|"
-                  r"triton_(red|per)_"),
-    ("elementwise / cast", r"elementwise|vectorized|unrolled|copy|cast|fill|catarray|index|gather|scatter|embedding|"
-                           r"gelu|dropout|triton_poi_"),
+    (
+        "reduction",
+        r"reduce|softmax|layer_?norm|rms_?norm|nll_loss|logsumexp|cross_entropy|welford|cub::|"
+        r"triton_(red|per)_",
+    ),
+    (
+        "elementwise / cast",
+        r"elementwise|vectorized|unrolled|copy|cast|fill|catarray|index|gather|scatter|embedding|"
+        r"gelu|dropout|triton_poi_",
+    ),
 ]
 
 
 class EventRow(NamedTuple):
     """One row of ``prof.events()``: a CPU operator's, or a kernel's (or memcpy's) on the device."""
+
     name: str
     on_device: bool  # a kernel, memcpy or memset on the GPU's timeline (not a user annotation mirrored there)
     start_us: float
@@ -207,9 +233,14 @@ def device_profile(rows: Iterable[EventRow], wall_us: float, *, top: int = 12) -
         kinds[kernel_kind(r.name)] += r.end_us - r.start_us
         by_name[r.name] = by_name.get(r.name, 0.0) + r.end_us - r.start_us
     busy = busy_us([(r.start_us, r.end_us) for r in kernels])
-    return {"kernel_us": sum(kinds.values()), "busy_us": busy, "wall_us": wall_us,
-            "idle_share": max(0.0, 1.0 - busy / wall_us) if wall_us > 0 else None, "kinds_us": kinds,
-            "top_us": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:top])}
+    return {
+        "kernel_us": sum(kinds.values()),
+        "busy_us": busy,
+        "wall_us": wall_us,
+        "idle_share": max(0.0, 1.0 - busy / wall_us) if wall_us > 0 else None,
+        "kinds_us": kinds,
+        "top_us": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:top]),
+    }
 
 
 def cpu_profile(ops: Iterable[tuple[str, float]], *, top: int = 12) -> dict:
@@ -218,8 +249,11 @@ def cpu_profile(ops: Iterable[tuple[str, float]], *, top: int = 12) -> dict:
     groups = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
     for key, t in ops:
         groups[next((n for n, rx in PROFILE_GROUPS if re.search(rx, key)), "other")] += t
-    return {"self_us": sum(groups.values()), "kinds_us": groups,
-            "top_us": dict(sorted(ops, key=lambda kv: -kv[1])[:top])}
+    return {
+        "self_us": sum(groups.values()),
+        "kinds_us": groups,
+        "top_us": dict(sorted(ops, key=lambda kv: -kv[1])[:top]),
+    }
 
 
 def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> dict:
@@ -238,8 +272,18 @@ def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> dict:
             step(x, y)  # ends in loss.item(): the device is done when it returns
         wall_us = (time.perf_counter() - t0) * 1e6
     if DEVICE == "cuda":
-        out = device_profile([EventRow(e.name, e.device_type == DeviceType.CUDA and not e.is_user_annotation,
-                                       e.time_range.start, e.time_range.end) for e in prof.events()], wall_us)
+        out = device_profile(
+            [
+                EventRow(
+                    e.name,
+                    e.device_type == DeviceType.CUDA and not e.is_user_annotation,
+                    e.time_range.start,
+                    e.time_range.end,
+                )
+                for e in prof.events()
+            ],
+            wall_us,
+        )
         total, what = out["kernel_us"], "GPU kernel time"
         extra = f"; GPU busy {out['busy_us'] / wall_us:.1%} of the wall time, idle {out['idle_share']:.1%}"
     else:
@@ -247,8 +291,10 @@ def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> dict:
         total, what, extra = out["self_us"], "CPU self time", ""
     out |= {"device": DEVICE, "steps": steps, "wall_s_per_step": wall_us / 1e6 / steps}
     total = total or 1
-    print(f"\nwhere our {mode} step's time goes ({steps} profiled steps, {wall_us / 1e6 / steps:.3f} s per step; "
-          f"{what} {total / 1e6 / steps:.3f} s per step{extra}):\n")
+    print(
+        f"\nwhere our {mode} step's time goes ({steps} profiled steps, {wall_us / 1e6 / steps:.3f} s per step; "
+        f"{what} {total / 1e6 / steps:.3f} s per step{extra}):\n"
+    )
     print("| group | share | s per step |\n|---|---|---|")
     for name, t in sorted(out["kinds_us"].items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {t / total:.1%} | {t / 1e6 / steps:.3f} |")
@@ -260,35 +306,58 @@ def profile_step(mode: str, mcfg, args, x, y, steps: int = 3) -> dict:
 
 def compare(mcfg, flops_per_token: float, args, x, y, report: dict) -> None:
     """The table: our step's tokens/s and MFU beside transformers', per mode, into ``report["rows"]``."""
-    peaks = {dtype: measure_matmul_peak(dtype, DEVICE, sizes=PEAK_SIZES[DEVICE], repeats=5, budget_s=args.peak_budget_s)
-             for dtype in DTYPE_NAMES}
-    print(f"GPT-2 config: {mcfg.n_layer} layers, d_model {mcfg.d_model}, {mcfg.n_head} heads, vocab {mcfg.vocab_size}; "
-          f"batch {args.batch} x seq {args.seq_len}; {report['device']}")
-    print(f"measured matmul peak (best of n = {', '.join(map(str, PEAK_SIZES[DEVICE]))} -- the sizes that fit in "
-          f"{args.peak_budget_s:.0f} s --, 5 repeats each): "
-          + ", ".join(f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})"
-                      for d, name in DTYPE_NAMES.items()))
-    print("reference peak: " + ", ".join(f"{name} {reference_peak(name) / 1e9:,.0f} GFLOP/s" if reference_peak(name)
-                                         else f"{name} unknown" for name in DTYPE_NAMES.values()) + "\n")
+    peaks = {
+        dtype: measure_matmul_peak(dtype, DEVICE, sizes=PEAK_SIZES[DEVICE], repeats=5, budget_s=args.peak_budget_s)
+        for dtype in DTYPE_NAMES
+    }
+    print(
+        f"GPT-2 config: {mcfg.n_layer} layers, d_model {mcfg.d_model}, {mcfg.n_head} heads, vocab {mcfg.vocab_size}; "
+        f"batch {args.batch} x seq {args.seq_len}; {report['device']}"
+    )
+    print(
+        f"measured matmul peak (best of n = {', '.join(map(str, PEAK_SIZES[DEVICE]))} -- the sizes that fit in "
+        f"{args.peak_budget_s:.0f} s --, 5 repeats each): "
+        + ", ".join(
+            f"{name} {peaks[d].flops / 1e9:,.0f} GFLOP/s (n={peaks[d].size})" for d, name in DTYPE_NAMES.items()
+        )
+    )
+    print(
+        "reference peak: "
+        + ", ".join(
+            f"{name} {reference_peak(name) / 1e9:,.0f} GFLOP/s" if reference_peak(name) else f"{name} unknown"
+            for name in DTYPE_NAMES.values()
+        )
+        + "\n"
+    )
     report["measured_peak_tflops"] = {DTYPE_NAMES[d]: p.flops / 1e12 for d, p in peaks.items()}
-    print("| dtype | glm-dist tokens/s | transformers tokens/s | ratio | MFU glm-dist | MFU transformers "
-          "| MFU glm-dist (reference peak) | MFU transformers (reference peak) |")
+    print(
+        "| dtype | glm-dist tokens/s | transformers tokens/s | ratio | MFU glm-dist | MFU transformers "
+        "| MFU glm-dist (reference peak) | MFU transformers (reference peak) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         rates = tokens_per_s(mode, mcfg, args, x, y)
         measured, reference = peaks[matmul_dtype(mode)].flops, reference_peak(mode)
         peer = "autocast" if mode != "fp32" else "fp32"
         theirs = rates["transformers"]
-        for name, label in (("ours", f"{mode} (peer: {peer})"),
-                            ("compiled", f"{mode}, compiled blocks (peer: {peer})")):
+        for name, label in (
+            ("ours", f"{mode} (peer: {peer})"),
+            ("compiled", f"{mode}, compiled blocks (peer: {peer})"),
+        ):
             if name not in rates:
                 continue
             ours = rates[name]
-            mfu = {f"mfu_{who}_{which}": flops_per_token * tps / peak if peak else None
-                   for which, peak in (("measured", measured), ("reference", reference))
-                   for who, tps in (("ours", ours), ("transformers", theirs))}
-            report["rows"][label] = {"tokens_per_s": ours, "transformers_tokens_per_s": theirs,
-                                     "ratio": ours / theirs, **mfu}
+            mfu = {
+                f"mfu_{who}_{which}": flops_per_token * tps / peak if peak else None
+                for which, peak in (("measured", measured), ("reference", reference))
+                for who, tps in (("ours", ours), ("transformers", theirs))
+            }
+            report["rows"][label] = {
+                "tokens_per_s": ours,
+                "transformers_tokens_per_s": theirs,
+                "ratio": ours / theirs,
+                **mfu,
+            }
             cells = [f"{v:.1%}" if v is not None else "n/a" for v in mfu.values()]
             print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {' | '.join(cells)} |")
         if "compiled" in rates:
@@ -305,28 +374,51 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per dtype")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round")
     ap.add_argument("--modes", default="fp32,bf16,bf16-autocast")
-    ap.add_argument("--profile", action="store_true",
-                    help="then profile our step at each mode and print where its time goes")
-    ap.add_argument("--profile-only", action="store_true",
-                    help="only the profile of our step at each mode: no comparison, no peak measurement")
-    ap.add_argument("--peak-budget-s", type=float, default=PEAK_BUDGET_S,
-                    help="seconds the matmul peak measurement may take (the sizes that fit)")
+    ap.add_argument(
+        "--profile", action="store_true", help="then profile our step at each mode and print where its time goes"
+    )
+    ap.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only the profile of our step at each mode: no comparison, no peak measurement",
+    )
+    ap.add_argument(
+        "--peak-budget-s",
+        type=float,
+        default=PEAK_BUDGET_S,
+        help="seconds the matmul peak measurement may take (the sizes that fit)",
+    )
     ap.add_argument("--json", help="also write the table's rows and the profile to this JSON file")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time our step with compiled blocks (train.compile=true, inductor): a row per mode")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time our step with compiled blocks (train.compile=true, inductor): a row per mode",
+    )
     args = ap.parse_args()
 
     init_distributed()
     torch.manual_seed(0)
-    mcfg = gpt_config("gpt2-small", n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
-                      context_length=max(args.seq_len, 1024))
+    mcfg = gpt_config(
+        "gpt2-small",
+        n_layer=args.n_layer,
+        d_model=args.d_model,
+        n_head=args.n_head,
+        context_length=max(args.seq_len, 1024),
+    )
     with torch.device("meta"):
         flops_per_token = GPT(mcfg).num_flops_per_token(args.seq_len)
     x = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
     y = torch.randint(0, mcfg.vocab_size, (args.batch, args.seq_len), device=DEVICE)
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU threads {torch.get_num_threads()}"
-    report = {"device": where, "n_layer": mcfg.n_layer, "d_model": mcfg.d_model, "batch": args.batch,
-              "seq_len": args.seq_len, "rows": {}, "profile": {}}
+    report = {
+        "device": where,
+        "n_layer": mcfg.n_layer,
+        "d_model": mcfg.d_model,
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "rows": {},
+        "profile": {},
+    }
     if not args.profile_only:
         compare(mcfg, flops_per_token, args, x, y, report)
     if args.profile or args.profile_only:

@@ -23,6 +23,7 @@ on stdout and JSON in ``--out``.
 
     nice -n 10 python bench/ulmfit_ablation.py --out runs/ulmfit-ablation [--part 0/2 & --part 1/2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,14 @@ from glm_dist.transfer.tricks import Tricks
 from glm_dist.transfer.ulmfit import ConcatPoolClassifier, accuracy, encode_documents, train_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
-QUIET = ["logging.wandb=false", "logging.progress=false", "train.plot=false", "train.eval_interval=0",
-         "train.save_interval=0", "train.eval_batches=8"]
+QUIET = [
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "train.eval_interval=0",
+    "train.save_interval=0",
+    "train.eval_batches=8",
+]
 FULL = dict(schedule="stlr", discriminative_lr=2.6, gradual_unfreezing=True)
 VARIANTS = {  # name -> (LM stage, tricks)
     "full ULMFiT": ("target", FULL),
@@ -77,19 +84,51 @@ def lm_stages(out: Path, train_rows: list[dict], *, steps1: int, steps2: int) ->
     base = str(ROOT / "configs/experiments/awd-lstm-tiny-cpu.yaml")
     stage1 = general / f"checkpoints/step_{steps1:08d}"
     if not stage1.exists():
-        train(load_config(base, [*QUIET, f"data.tokenizer={tok_path}", f"data.shards_dir={out}/shards-general",
-                                 f"train.out_dir={general}", f"train.max_steps={steps1}"]))
+        train(
+            load_config(
+                base,
+                [
+                    *QUIET,
+                    f"data.tokenizer={tok_path}",
+                    f"data.shards_dir={out}/shards-general",
+                    f"train.out_dir={general}",
+                    f"train.max_steps={steps1}",
+                ],
+            )
+        )
     stage2 = target / f"checkpoints/step_{steps2:08d}"
     if not stage2.exists():
         text = write_jsonl(out / "lm.jsonl", [{"text": r["text"]} for r in train_rows])
-        train(load_config(str(ROOT / "configs/experiments/ulmfit-target-lm-tiny-cpu.yaml"), [
-            *QUIET, f"data.source={text}", f"data.tokenizer={tok_path}", f"data.shards_dir={out}/shards-target",
-            f"train.out_dir={target}", f"train.init_from={stage1}", f"train.max_steps={steps2}"]))
+        train(
+            load_config(
+                str(ROOT / "configs/experiments/ulmfit-target-lm-tiny-cpu.yaml"),
+                [
+                    *QUIET,
+                    f"data.source={text}",
+                    f"data.tokenizer={tok_path}",
+                    f"data.shards_dir={out}/shards-target",
+                    f"train.out_dir={target}",
+                    f"train.init_from={stage1}",
+                    f"train.max_steps={steps2}",
+                ],
+            )
+        )
     return {"general": str(stage1), "target": str(stage2)}
 
 
-def run_classifier(ckpt: str, lm_kind: str, tricks_kw: dict, rows: list[dict], test: list[dict],
-                   labels: dict[str, int], *, seed: int, min_steps: int, batch: int, drop_mult: float) -> float:
+def run_classifier(
+    ckpt: str,
+    lm_kind: str,
+    tricks_kw: dict,
+    rows: list[dict],
+    test: list[dict],
+    labels: dict[str, int],
+    *,
+    seed: int,
+    min_steps: int,
+    batch: int,
+    drop_mult: float,
+) -> float:
     from tokenizers import Tokenizer
 
     lm, meta = load_checkpoint_model(ckpt)
@@ -99,8 +138,16 @@ def run_classifier(ckpt: str, lm_kind: str, tricks_kw: dict, rows: list[dict], t
     tok = Tokenizer.from_file(str(Path(ckpt) / "tokenizer.json"))
     ids = special_ids(tok, "word")
     per_epoch = max(1, len(rows) // batch)
-    args = FinetuneArgs(checkpoint=ckpt, train="-", lr=0.01, batch_size=batch, seed=seed, max_len=1400,
-                        epochs=max(5, math.ceil(min_steps / per_epoch)), **tricks_kw)
+    args = FinetuneArgs(
+        checkpoint=ckpt,
+        train="-",
+        lr=0.01,
+        batch_size=batch,
+        seed=seed,
+        max_len=1400,
+        epochs=max(5, math.ceil(min_steps / per_epoch)),
+        **tricks_kw,
+    )
     docs = encode_documents(rows, tok, args, labels, eos=ids["eos"])
     test_docs = encode_documents(test, tok, args, labels, eos=ids["eos"])
     model = ConcatPoolClassifier(lm.train(), len(labels), bptt=args.bptt, drop_mult=drop_mult)
@@ -138,16 +185,28 @@ def main() -> None:
     mine = out / f"results-{part}-of-{parts}.json"
     results = json.loads(mine.read_text()) if mine.exists() else {}
     jobs = [(name, 1.0, seed) for name in VARIANTS for seed in range(a.seeds)] + [
-        (name, f, seed) for f in (0.01, 0.1) for name in ("full ULMFiT", "from scratch (no LM)")
-        for seed in range(a.seeds)]
+        (name, f, seed)
+        for f in (0.01, 0.1)
+        for name in ("full ULMFiT", "from scratch (no LM)")
+        for seed in range(a.seeds)
+    ]
     for name, frac, seed in jobs[part::parts]:
         key = f"{name}|{frac}|{seed}"
         if key not in results:
             lm_kind, kw = VARIANTS[name]
             t = time.time()
-            results[key] = run_classifier(ckpts[lm_kind], lm_kind, kw, pool[:max(1, round(frac * len(pool)))], test,
-                                          labels, seed=seed, min_steps=a.min_steps, batch=a.batch,
-                                          drop_mult=a.drop_mult)
+            results[key] = run_classifier(
+                ckpts[lm_kind],
+                lm_kind,
+                kw,
+                pool[: max(1, round(frac * len(pool)))],
+                test,
+                labels,
+                seed=seed,
+                min_steps=a.min_steps,
+                batch=a.batch,
+                drop_mult=a.drop_mult,
+            )
             print(f"{key}: {results[key]:.4f} ({time.time() - t:.0f} s)", flush=True)
             mine.write_text(json.dumps(results, indent=1))
     every = {k: v for f in out.glob(f"results-*-of-{parts}.json") for k, v in json.loads(f.read_text()).items()}
@@ -161,16 +220,20 @@ def _cell(results: dict, name: str, frac: float, seeds: int) -> str:
 
 
 def report(results: dict, a, majority: float, *, seeds: int) -> None:
-    print(f"\nWordNet gloss supersense (45 classes), {a.pool} labelled training glosses, {a.test} test glosses; "
-          f"accuracy % (mean ± std over {seeds} seeds); majority class {100 * majority:.1f}\n")
+    print(
+        f"\nWordNet gloss supersense (45 classes), {a.pool} labelled training glosses, {a.test} test glosses; "
+        f"accuracy % (mean ± std over {seeds} seeds); majority class {100 * majority:.1f}\n"
+    )
     print("| classifier | accuracy |\n|---|---|")
     for name in VARIANTS:
         print(f"| {name} | {_cell(results, name, 1.0, seeds)} |")
     print("\n| labelled glosses | full ULMFiT | from scratch |\n|---|---|---|")
     for frac in (0.01, 0.1, 1.0):
         n = max(1, round(frac * a.pool))
-        print(f"| {frac:.0%} ({n}) | {_cell(results, 'full ULMFiT', frac, seeds)} | "
-              f"{_cell(results, 'from scratch (no LM)', frac, seeds)} |")
+        print(
+            f"| {frac:.0%} ({n}) | {_cell(results, 'full ULMFiT', frac, seeds)} | "
+            f"{_cell(results, 'from scratch (no LM)', frac, seeds)} |"
+        )
 
 
 if __name__ == "__main__":

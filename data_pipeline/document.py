@@ -6,6 +6,7 @@ charset, language and score, ...). Stages are generators over documents; a stage
 document calls :meth:`Stats.drop` with a reason, so the funnel always adds up:
 ``seen == kept + sum(dropped)`` for every stage.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,7 @@ class Document:
     payload: bytes | None = None  # raw bytes before extraction (WARC responses); cleared after
 
     def to_json(self, **extra: Any) -> str:
-        return json.dumps({"id": self.id, "text": self.text, **self.meta, **extra}, ensure_ascii=False,
-                          sort_keys=False)
+        return json.dumps({"id": self.id, "text": self.text, **self.meta, **extra}, ensure_ascii=False, sort_keys=False)
 
 
 @dataclass
@@ -35,8 +35,13 @@ class StageStats:
     dropped: Counter = field(default_factory=Counter)
 
     def to_dict(self) -> dict:
-        return {"seen": self.seen, "kept": self.kept, "bytes_in": self.bytes_in, "bytes_kept": self.bytes_kept,
-                "dropped": dict(sorted(self.dropped.items()))}
+        return {
+            "seen": self.seen,
+            "kept": self.kept,
+            "bytes_in": self.bytes_in,
+            "bytes_kept": self.bytes_kept,
+            "dropped": dict(sorted(self.dropped.items())),
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "StageStats":
@@ -71,9 +76,13 @@ class Stats:
             self.errors.append({"reason": reason, "file": file, "offset": offset, "detail": detail[:300]})
 
     def to_dict(self) -> dict:
-        return {"stages": {k: v.to_dict() for k, v in self.stages.items()},
-                "input_errors": dict(sorted(self.error_count.items())), "input_error_examples": self.errors,
-                "languages": dict(ranked(self.languages)), "other_records": dict(sorted(self.records.items()))}
+        return {
+            "stages": {k: v.to_dict() for k, v in self.stages.items()},
+            "input_errors": dict(sorted(self.error_count.items())),
+            "input_error_examples": self.errors,
+            "languages": dict(ranked(self.languages)),
+            "other_records": dict(sorted(self.records.items())),
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Stats":

@@ -4,6 +4,7 @@ It ships with every Python install, so the quickstart and the tests need no down
 imports modules, some of which have side effects (``this`` prints, ``antigravity`` opens a
 browser), so it runs in a child process and skips those.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,28 @@ import sys
 from typing import Iterator
 
 # Modules whose import has side effects or needs a display/terminal.
-SKIP = {"this", "antigravity", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc", "sre_compile",
-        "sre_constants", "sre_parse", "curses", "lib2to3", "xxlimited", "xxsubtype", "msvcrt",
-        "winreg", "winsound", "nt", "_winapi",
-        "sys"}  # sys's page lists this process's argv, paths and flags
+SKIP = {
+    "this",
+    "antigravity",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "pydoc",
+    "sre_compile",
+    "sre_constants",
+    "sre_parse",
+    "curses",
+    "lib2to3",
+    "xxlimited",
+    "xxsubtype",
+    "msvcrt",
+    "winreg",
+    "winsound",
+    "nt",
+    "_winapi",
+    "sys",
+}  # sys's page lists this process's argv, paths and flags
 MAX_DOC_CHARS = 6000  # long module pages are cut at paragraph breaks into documents of this size
 
 
@@ -74,8 +93,14 @@ def embedded_documents() -> Iterator[dict]:
     # package is found from the working directory (``-c`` puts it first on sys.path), not PYTHONPATH.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-    proc = subprocess.run([sys.executable, "-c", "from data_pipeline.embedded import _render_all; _render_all()"],
-                          capture_output=True, text=True, check=True, env=env, cwd=here)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from data_pipeline.embedded import _render_all; _render_all()"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=here,
+    )
     for line in proc.stdout.splitlines():
         page = json.loads(line)
         for k, piece in enumerate(split_paragraphs(page["text"], MAX_DOC_CHARS)):
@@ -96,8 +121,13 @@ def docstring_task(modules: tuple[str, ...] = TASK_MODULES) -> list[dict]:
         module = importlib.import_module(name)
         seen = set()
         members = [obj for _, obj in inspect.getmembers(module) if getattr(obj, "__module__", None) == name]
-        members += [m for c in members if inspect.isclass(c) for _, m in inspect.getmembers(c)
-                    if inspect.isroutine(m) and getattr(m, "__module__", None) == name]
+        members += [
+            m
+            for c in members
+            if inspect.isclass(c)
+            for _, m in inspect.getmembers(c)
+            if inspect.isroutine(m) and getattr(m, "__module__", None) == name
+        ]
         for obj in members:
             doc = inspect.getdoc(obj)
             text = doc.split("\n\n")[0].replace("\n", " ").strip() if doc else ""

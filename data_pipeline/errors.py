@@ -1,4 +1,5 @@
 """The data package's error for a run that cannot start or continue."""
+
 from __future__ import annotations
 
 

@@ -8,6 +8,7 @@ possibly a part of them, are invisible), and a listing could hold leftovers.
 
 ``glm data tokenize`` reads a run's documents through :func:`finished_run_shards`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,14 @@ MAX_MANIFEST_BYTES = 256 * 2**20
 
 
 def write_output_manifest(store: Storage, *, recipe: str, shards: list[str], counts: list[int]) -> None:
-    manifest = {"format": FORMAT, "recipe": recipe, "documents": sum(counts),
-                "shards": [{"path": s, "documents": n} for s, n in zip(shards, counts)],
-                "stats": "stats.json", "card": "README.md"}
+    manifest = {
+        "format": FORMAT,
+        "recipe": recipe,
+        "documents": sum(counts),
+        "shards": [{"path": s, "documents": n} for s, n in zip(shards, counts)],
+        "stats": "stats.json",
+        "card": "README.md",
+    }
     store.remove_orphans()  # a killed attempt's half-written files, never in the manifest
     store.write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
 
@@ -39,8 +45,10 @@ def read_output_manifest(url: str) -> list[str]:
         base = posixpath.dirname(base) or "."
     store = Storage(base)
     if not store.exists(MANIFEST):
-        raise FileNotFoundError(f"{store.path(MANIFEST)} does not exist: {base} holds no finished crawl-pipeline "
-                                "run (glm data run writes the manifest last)")
+        raise FileNotFoundError(
+            f"{store.path(MANIFEST)} does not exist: {base} holds no finished crawl-pipeline "
+            "run (glm data run writes the manifest last)"
+        )
     manifest = json.loads(store.read(MANIFEST, max_bytes=MAX_MANIFEST_BYTES))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PipelineError(f"{store.path(MANIFEST)} is not a crawl-pipeline manifest (format {FORMAT!r})")

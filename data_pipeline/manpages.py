@@ -20,6 +20,7 @@ Install: ``apt-get install -y --no-install-recommends manpages`` (``launch/setup
 where it can). Docker images that exclude ``/usr/share/man`` (``dpkg --path-exclude``) install the
 list but not the pages: the error says so.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -64,16 +65,20 @@ def page_paths(root: str | None = None) -> list[Path]:
 def _package_pages() -> list[Path]:
     listing = Path(PACKAGE_LIST)
     if not listing.is_file():
-        raise ManPagesMissing(f"Debian's manpages package is not installed ({PACKAGE_LIST} is missing): "
-                              f"apt-get install -y manpages (launch/setup_env.sh does), or name a folder of pages "
-                              f"with data.source: manpages:/path")
+        raise ManPagesMissing(
+            f"Debian's manpages package is not installed ({PACKAGE_LIST} is missing): "
+            f"apt-get install -y manpages (launch/setup_env.sh does), or name a folder of pages "
+            f"with data.source: manpages:/path"
+        )
     with listing.open("rb") as f:
         names = f.read(MAX_FILE_BYTES).decode("utf-8", errors="replace").splitlines()
     pages = sorted(Path(n) for n in names if n.startswith(f"{DEFAULT_ROOT}/man") and PAGE_NAME.search(n))
     present = [p for p in pages if p.is_file() or p.is_symlink()]
     if not present:
-        raise ManPagesMissing(f"the manpages package lists {len(pages)} pages but none is in {DEFAULT_ROOT} (an image "
-                              f"that excludes /usr/share/man?): reinstall it with the pages, or use manpages:/path")
+        raise ManPagesMissing(
+            f"the manpages package lists {len(pages)} pages but none is in {DEFAULT_ROOT} (an image "
+            f"that excludes /usr/share/man?): reinstall it with the pages, or use manpages:/path"
+        )
     return present
 
 

@@ -20,6 +20,7 @@ No task holds the corpus: the corpus-wide stages hold one of ``P`` hash partitio
 Everything a task writes appears whole (``storage.py``) and its completion marker comes last, so a
 rerun after a crash or preemption skips finished tasks and produces the same bytes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,13 +54,19 @@ class Pipeline:
         with the recipe in work/run.json; a later run in the same output must match."""
         inputs, benchmarks = self._resolve(self.recipe.input), self._resolve(self.recipe.benchmarks, bench=True)
         parts = self.recipe.partitions or max(1, min(len(inputs), MAX_PARTITIONS_BY_DEFAULT))
-        identity = {"inputs": inputs, "benchmarks": benchmarks, "partitions": parts,
-                    "recipe": {k: v for k, v in dataclasses.asdict(self.recipe).items() if k not in ("workers",)}}
+        identity = {
+            "inputs": inputs,
+            "benchmarks": benchmarks,
+            "partitions": parts,
+            "recipe": {k: v for k, v in dataclasses.asdict(self.recipe).items() if k not in ("workers",)},
+        }
         identity = json.loads(json.dumps(identity))
         if self.work.exists("run.json"):
             if self.identity != identity:
-                raise PipelineError(f"{self.out} holds a run with other inputs or settings (work/run.json); "
-                                    "use a new output directory, or delete it to start over")
+                raise PipelineError(
+                    f"{self.out} holds a run with other inputs or settings (work/run.json); "
+                    "use a new output directory, or delete it to start over"
+                )
         else:
             self.work.write_bytes("run.json", json.dumps(identity, indent=1).encode())
             self._identity = identity

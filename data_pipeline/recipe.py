@@ -4,6 +4,7 @@ Recipes are YAML files under ``configs/data/`` read with the same rules as train
 (``base:`` inheritance, strict keys, ``key=value`` overrides). The defaults are the published
 thresholds (docs/reference.md#crawl-pipeline-thresholds); a rule whose threshold is set to ``null`` is disabled.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -130,8 +131,20 @@ class DedupCfg:
 @dataclass
 class DecontamCfg:
     enabled: bool = True  # when benchmark files are given
-    fields: list = field(default_factory=lambda: ["text", "question", "context", "passage", "sentence",
-                                                  "premise", "hypothesis", "answer", "goal", "ctx"])
+    fields: list = field(
+        default_factory=lambda: [
+            "text",
+            "question",
+            "context",
+            "passage",
+            "sentence",
+            "premise",
+            "hypothesis",
+            "answer",
+            "goal",
+            "ctx",
+        ]
+    )
     n: int = 13
     margin_chars: int = 200
     min_piece_chars: int = 200
@@ -152,8 +165,9 @@ class Recipe:
     input: list = field(default_factory=list)  # paths, globs or fsspec URLs; "sample" = the embedded crawl
     output: str = ""
     benchmarks: list = field(default_factory=list)  # JSONL / Parquet files (paths, globs, URLs)
-    stages: list = field(default_factory=lambda: ["url", "extract", "language", "gopher_repetition",
-                                                  "gopher_quality", "c4", "fineweb"])
+    stages: list = field(
+        default_factory=lambda: ["url", "extract", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb"]
+    )
     workers: int = 0  # local processes (0: one per core)
     # Hash partitions of the corpus-wide stages (buckets, clusters, decontam): each of their tasks holds
     # one, so memory per task is about 1/partitions of the corpus's keys or pairs. 0: one per input

@@ -13,6 +13,7 @@ or an fsspec URL. Two rules hold for all of them (docs/architecture.md, decision
 
 Both names and signatures are stable: ``glm_dist`` opens shard files with them.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,8 +50,9 @@ def _http_schemes(url: str) -> list[str]:
     return [s for s in schemes if s in ("http", "https")]
 
 
-def storage_options(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                    read_timeout_s: float = READ_TIMEOUT_S) -> dict[str, Any]:
+def storage_options(
+    url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, read_timeout_s: float = READ_TIMEOUT_S
+) -> dict[str, Any]:
     """fsspec keyword arguments for ``url``: aiohttp timeouts for its http(s) link, flat for a plain
     URL and keyed by protocol for a chained one (``simplecache::https://...``); {} otherwise."""
     schemes = _http_schemes(url)
@@ -58,22 +60,32 @@ def storage_options(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
         return {}
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
-                                    sock_read=read_timeout_s)
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+    )
     options = {"client_kwargs": {"timeout": timeout}}
     return options if "::" not in url else {scheme: options for scheme in schemes}
 
 
-def open_url(url: str, mode: str = "rb", *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-             read_timeout_s: float = READ_TIMEOUT_S, retries: int = RETRIES, **kw: Any) -> IO:
+def open_url(
+    url: str,
+    mode: str = "rb",
+    *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    retries: int = RETRIES,
+    **kw: Any,
+) -> IO:
     """Open a path or URL (checked with :func:`check_scheme`, key ``"url"``) through fsspec; ``kw``
     go to ``fsspec.open``. Opening and, for http(s) in ``"rb"`` mode, every read are retried on
     transient failures; then :class:`RemoteReadError`. A missing file raises ``FileNotFoundError``
     (HTTP 404 included). Use the result as a context manager or close it."""
     check_scheme(url, "url")
     if not (retries >= 0 and all(0 < t < math.inf for t in (connect_timeout_s, read_timeout_s))):
-        raise ValueError(f"{url}: retries ({retries}) must be >= 0 and the timeouts ({connect_timeout_s}, "
-                         f"{read_timeout_s} s) finite and > 0 -- aiohttp reads 0 as no timeout at all")
+        raise ValueError(
+            f"{url}: retries ({retries}) must be >= 0 and the timeouts ({connect_timeout_s}, "
+            f"{read_timeout_s} s) finite and > 0 -- aiohttp reads 0 as no timeout at all"
+        )
     options = {**storage_options(url, connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s), **kw}
     http = bool(_http_schemes(url))
     limits = f" (connect timeout {connect_timeout_s:g} s, read timeout {read_timeout_s:g} s)" if http else ""
@@ -95,8 +107,9 @@ def check_host(url: str) -> None:
         raise RemoteReadError(f"{url}: host {host!r} does not resolve ({err}); check the URL") from None
 
 
-def retrying(fn: Callable[[], T], url: str, *, retries: int = RETRIES, backoff_s: float = BACKOFF_S,
-             limits: str = "") -> T:
+def retrying(
+    fn: Callable[[], T], url: str, *, retries: int = RETRIES, backoff_s: float = BACKOFF_S, limits: str = ""
+) -> T:
     """``fn()``, called again after a transient network failure (at most ``retries`` more times,
     waiting ``backoff_s``, then twice as long each time). A failure that retrying cannot fix, or
     the last one, raises :class:`RemoteReadError` naming ``url``; other errors pass unchanged."""

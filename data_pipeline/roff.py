@@ -12,6 +12,7 @@ macros a page defines with ``.de`` expand with their arguments (rst2man's ``.IND
 ``.q``), and ``.if``/``.ie``/``.el`` take the branch nroff would take. Expansion is bounded
 (:data:`MAX_EXPANSION_LINES`), so a page cannot make the converter loop.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,23 +22,103 @@ MAX_DEPTH = 16  # nested macro calls and conditionals (deeper ones are dropped: 
 MAX_EXPANSION_LINES = 200_000  # lines produced by macro expansion in one page
 
 # Special characters (groff_char(7)) by name; an unknown name becomes nothing.
-SPECIAL = {"em": "\u2014", "en": "\u2013", "hy": "-", "bu": "\u2022", "aq": "'", "dq": '"', "lq": "\u201c",
-           "rq": "\u201d", "oq": "\u2018", "cq": "\u2019", "ga": "`", "aa": "\u00b4", "ha": "^", "ti": "~",
-           "rs": "\\", "sl": "/", "ba": "|", "br": "|", "co": "\u00a9", "rg": "\u00ae", "tm": "\u2122",
-           "mu": "\u00d7", "di": "\u00f7", "+-": "\u00b1", "<=": "\u2264", ">=": "\u2265", "!=": "\u2260",
-           "==": "\u2261", "->": "\u2192", "<-": "\u2190", "de": "\u00b0", "ps": "\u00b6", "sc": "\u00a7",
-           "dg": "\u2020", "lh": "\u261c", "rh": "\u261e", "at": "@", "sh": "#", "Po": "\u00a3", "Eu": "\u20ac",
-           "ct": "\u00a2", "fm": "\u2032", "sd": "\u2033", "mi": "\u2212", "pl": "+", "eq": "=", "**": "*",
-           "ul": "_", "ru": "_", "lB": "[", "rB": "]", "lC": "{", "rC": "}", "la": "\u27e8", "ra": "\u27e9",
-           "Fo": "\u00ab", "Fc": "\u00bb", "fo": "\u2039", "fc": "\u203a", "ss": "\u00df", "'e": "\u00e9",
-           "`e": "\u00e8", "'a": "\u00e1", ":u": "\u00fc", ":o": "\u00f6", ":a": "\u00e4", "~n": "\u00f1",
-           "ci": "\u25cb", "sq": "\u25a1", "if": "\u221e", "*a": "\u03b1", "*b": "\u03b2", "*m": "\u03bc",
-           "*p": "\u03c0", "pc": "\u00b7", "an": "-", "Do": "$", "Bq": "\u201e", "bq": "\u201a"}
+SPECIAL = {
+    "em": "\u2014",
+    "en": "\u2013",
+    "hy": "-",
+    "bu": "\u2022",
+    "aq": "'",
+    "dq": '"',
+    "lq": "\u201c",
+    "rq": "\u201d",
+    "oq": "\u2018",
+    "cq": "\u2019",
+    "ga": "`",
+    "aa": "\u00b4",
+    "ha": "^",
+    "ti": "~",
+    "rs": "\\",
+    "sl": "/",
+    "ba": "|",
+    "br": "|",
+    "co": "\u00a9",
+    "rg": "\u00ae",
+    "tm": "\u2122",
+    "mu": "\u00d7",
+    "di": "\u00f7",
+    "+-": "\u00b1",
+    "<=": "\u2264",
+    ">=": "\u2265",
+    "!=": "\u2260",
+    "==": "\u2261",
+    "->": "\u2192",
+    "<-": "\u2190",
+    "de": "\u00b0",
+    "ps": "\u00b6",
+    "sc": "\u00a7",
+    "dg": "\u2020",
+    "lh": "\u261c",
+    "rh": "\u261e",
+    "at": "@",
+    "sh": "#",
+    "Po": "\u00a3",
+    "Eu": "\u20ac",
+    "ct": "\u00a2",
+    "fm": "\u2032",
+    "sd": "\u2033",
+    "mi": "\u2212",
+    "pl": "+",
+    "eq": "=",
+    "**": "*",
+    "ul": "_",
+    "ru": "_",
+    "lB": "[",
+    "rB": "]",
+    "lC": "{",
+    "rC": "}",
+    "la": "\u27e8",
+    "ra": "\u27e9",
+    "Fo": "\u00ab",
+    "Fc": "\u00bb",
+    "fo": "\u2039",
+    "fc": "\u203a",
+    "ss": "\u00df",
+    "'e": "\u00e9",
+    "`e": "\u00e8",
+    "'a": "\u00e1",
+    ":u": "\u00fc",
+    ":o": "\u00f6",
+    ":a": "\u00e4",
+    "~n": "\u00f1",
+    "ci": "\u25cb",
+    "sq": "\u25a1",
+    "if": "\u221e",
+    "*a": "\u03b1",
+    "*b": "\u03b2",
+    "*m": "\u03bc",
+    "*p": "\u03c0",
+    "pc": "\u00b7",
+    "an": "-",
+    "Do": "$",
+    "Bq": "\u201e",
+    "bq": "\u201a",
+}
 STRINGS = {"R": "\u00ae", "Tm": "\u2122", "lq": "\u201c", "rq": "\u201d", "S": "", "HF": "", "-": "-"}
-SINGLE = {"e": "\\", "\\": "\\", "-": "-", " ": " ", "~": " ", "0": " ", "'": "\u00b4", "`": "`", ".": ".",
-          "t": "\t"}  # any other one-character escape (\& \| \^ \% \c \} ...) is nothing
+SINGLE = {
+    "e": "\\",
+    "\\": "\\",
+    "-": "-",
+    " ": " ",
+    "~": " ",
+    "0": " ",
+    "'": "\u00b4",
+    "`": "`",
+    ".": ".",
+    "t": "\t",
+}  # any other one-character escape (\& \| \^ \% \c \} ...) is nothing
 
-ESCAPE = re.compile(r"""\\(?:
+ESCAPE = re.compile(
+    r"""\\(?:
       f(?:\[[^\]]*\]|\(..|.)                       # font
     | \((?P<two>..)                                 # special character \(xx
     | \[(?P<name>[^\]]*)\]                          # special character \[name]
@@ -49,27 +130,90 @@ ESCAPE = re.compile(r"""\\(?:
     | [\"\#].*                                      # comment to the end of the line
     | \$(?:\d|\*|@)                                 # a macro argument outside a macro
     | (?P<one>.)
-    )""", re.X)
+    )""",
+    re.X,
+)
 ARG = re.compile(r'"((?:[^"]|"")*)"?|((?:\\.|[^ \t\\])+)')
 CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
 REQUEST = re.compile(r"^[.']\s*([^\s\\]+|\\\".*)?\s*(.*)$")
 
 HEADINGS = {"SH", "SS", "Sh", "Ss"}
 PARAGRAPHS = {"PP", "LP", "P", "Pp", "sp", "HP", "Lp"}
-FONT_WORDS = {"B", "I", "SM", "SB", "Em", "Sy", "Nm", "Ar", "Fl", "Cm", "Pa", "Li", "Ql", "Va", "Fn", "Fa", "Ft",
-              "Ev", "Er", "Dv", "Xr", "Ic", "Nd", "Ad", "An", "Lk", "Mt", "Ms", "Tn", "Ux", "Bx"}
+FONT_WORDS = {
+    "B",
+    "I",
+    "SM",
+    "SB",
+    "Em",
+    "Sy",
+    "Nm",
+    "Ar",
+    "Fl",
+    "Cm",
+    "Pa",
+    "Li",
+    "Ql",
+    "Va",
+    "Fn",
+    "Fa",
+    "Ft",
+    "Ev",
+    "Er",
+    "Dv",
+    "Xr",
+    "Ic",
+    "Nd",
+    "Ad",
+    "An",
+    "Lk",
+    "Mt",
+    "Ms",
+    "Tn",
+    "Ux",
+    "Bx",
+}
 FONT_ALTERNATING = {"BR", "RB", "IR", "RI", "BI", "IB"}
 BLOCKS_SKIPPED = {"EQ": "EN", "PS": "PE", "[": "]", "G1": "G2"}
 DEFINITIONS = {"de", "de1", "dei", "am", "am1", "ami", "ig"}
 # man(7)/mdoc(7) macros that only lay out (their arguments are numbers or names, not text); any other
 # macro with a capital in its name prints its arguments (mdoc's .Nm, .Fl, .Ar ... are words of the text)
-LAYOUT_MACROS = {"TH", "RS", "RE", "PD", "DT", "UC", "AT", "Dd", "Dt", "Os", "Bf", "Ef", "Bk", "Ek", "In", "Rs",
-                 "Re", "Ns", "No", "Sm", "Pf", "INDENT", "UNINDENT", "TE", "T&", "ME", "MR", "HY", "LO"}
+LAYOUT_MACROS = {
+    "TH",
+    "RS",
+    "RE",
+    "PD",
+    "DT",
+    "UC",
+    "AT",
+    "Dd",
+    "Dt",
+    "Os",
+    "Bf",
+    "Ef",
+    "Bk",
+    "Ek",
+    "In",
+    "Rs",
+    "Re",
+    "Ns",
+    "No",
+    "Sm",
+    "Pf",
+    "INDENT",
+    "UNINDENT",
+    "TE",
+    "T&",
+    "ME",
+    "MR",
+    "HY",
+    "LO",
+}
 
 
 @dataclass
 class _Page:
     """The converter's state for one page."""
+
     lines: list[str] = field(default_factory=list)  # finished output lines
     para: list[str] = field(default_factory=list)  # filled text of the open paragraph
     fill: bool = True
@@ -101,6 +245,7 @@ def unescape(text: str, strings: dict[str, str] | None = None) -> str:
         if name is not None:
             return strings.get(name, "")
         return SINGLE.get(m["one"], "") if m["one"] is not None else ""
+
     return ESCAPE.sub(one, text)
 
 
@@ -229,7 +374,6 @@ def _macro(page: _Page, name: str, args: list[str]) -> None:
         _text(page, " ".join(text))
 
 
-
 def _define(page: _Page, lines: list[str], i: int, name: str, args: list[str]) -> int:
     """``.de NAME [END]`` ... ``..``: keep the body (``.am`` appends); ``.ig`` skips to ``..``."""
     end = "." + (args[1] if len(args) > 1 else ".") if name != "ig" else "." + (args[0] if args else ".")
@@ -254,6 +398,7 @@ def _expand(page: _Page, body: list[str], args: list[str], *, depth: int) -> Non
             return " ".join(f'"{a}"' if " " in a and key == "@" else a for a in args)
         n = int(key)
         return args[n - 1] if 0 < n <= len(args) else ""
+
     expanded = [re.sub(r"\\\\\$(\d|\*|@)", arg, line).replace("\\\\", "\\") for line in body]
     _run(page, expanded, depth=depth + 1)
 
@@ -285,8 +430,7 @@ def _condition(rest: str, strings: dict[str, str]) -> tuple[bool, str]:
     rest = rest.lstrip()
     negate = rest.startswith("!")
     rest = rest[1:] if negate else rest
-    m = re.match(r"([ntoev])(?=\s|\\\{)|(['\"|/])(.*?)\2(.*?)\2|\\n(?:\(\.g|\[\.g\])|(\d+)(?=\s)|([dr])\s*(\S+)",
-                 rest)
+    m = re.match(r"([ntoev])(?=\s|\\\{)|(['\"|/])(.*?)\2(.*?)\2|\\n(?:\(\.g|\[\.g\])|(\d+)(?=\s)|([dr])\s*(\S+)", rest)
     if not m:
         return False, rest.split(None, 1)[1] if " " in rest else ""
     if m[1]:
@@ -299,7 +443,7 @@ def _condition(rest: str, strings: dict[str, str]) -> tuple[bool, str]:
         value = m[6] == "d" and m[7] in strings
     else:
         value = True  # \n(.g: this is groff
-    return value != negate, rest[m.end():]
+    return value != negate, rest[m.end() :]
 
 
 def _skip_until(lines: list[str], i: int, end: str) -> int:

@@ -9,6 +9,7 @@
 A local file that happens to carry one of these names is read as ``./manpages``. Each yields
 ``{"id", "text"}`` documents in a fixed order and adds what it skipped, by reason, to ``skipped``.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -35,8 +36,10 @@ def named_source(source: str) -> tuple[str, str | None] | None:
     if name not in NAMED:
         return None
     if sep and (name not in TAKES_PATH or not arg or arg.startswith("//")):
-        raise PipelineError(f"data.source={source!r}: {name} takes " + (
-            f"an optional local folder ({name}:/path)" if name in TAKES_PATH else "no argument"))
+        raise PipelineError(
+            f"data.source={source!r}: {name} takes "
+            + (f"an optional local folder ({name}:/path)" if name in TAKES_PATH else "no argument")
+        )
     return name, arg or None
 
 

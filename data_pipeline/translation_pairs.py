@@ -16,6 +16,7 @@ counted). Here the pairs of many catalogs become one corpus:
 Output in ``out_dir``: ``train.jsonl`` and ``validation.jsonl`` (one ``{id, source, target,
 catalog, plural}`` per line, catalog order) and ``stats.json`` (what was read, kept and dropped).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,13 @@ def write_pairs(paths: Iterable[str], out_dir: str | Path, *, val_per_mille: int
                 continue
             seen.add((source, target))
             split = "validation" if is_validation(source, val_per_mille) else "train"
-            row = {"id": meta["id"], "source": source, "target": target, "catalog": meta["catalog"],
-                   "plural": meta["plural"]}
+            row = {
+                "id": meta["id"],
+                "source": source,
+                "target": target,
+                "catalog": meta["catalog"],
+                "plural": meta["plural"],
+            }
             files[split].write(json.dumps(row, ensure_ascii=False) + "\n")
             kept[split] += 1
             placeholders += bool(meta["placeholders"])
@@ -68,7 +74,12 @@ def write_pairs(paths: Iterable[str], out_dir: str | Path, *, val_per_mille: int
             f.close()
     for s in SPLITS:
         os.replace(out / f"{s}.jsonl.tmp", out / f"{s}.jsonl")
-    stats = {"catalogs": len(catalogs), "pairs": dict(kept), "with_placeholders": placeholders,
-             "skipped": dict(sorted(skipped.items())), "val_per_mille": val_per_mille}
+    stats = {
+        "catalogs": len(catalogs),
+        "pairs": dict(kept),
+        "with_placeholders": placeholders,
+        "skipped": dict(sorted(skipped.items())),
+        "val_per_mille": val_per_mille,
+    }
     (out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     return stats

@@ -16,6 +16,7 @@ forms (``*.exc``) that WordNet's morphology consults. Reads are bounded: a file 
 Install: ``apt-get install -y --no-install-recommends wordnet-base`` (``launch/setup_env.sh`` does,
 where it can); ``WNSEARCHDIR`` points elsewhere, as for WordNet's own tools.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,14 +34,53 @@ FILES = {"n": "data.noun", "v": "data.verb", "a": "data.adj", "r": "data.adv"}  
 INDEX = {"n": "index.noun", "v": "index.verb", "a": "index.adj", "r": "index.adv"}
 EXCEPTIONS = {"n": "noun.exc", "v": "verb.exc", "a": "adj.exc", "r": "adv.exc"}  # irregular forms -> base forms
 # The lexicographer files by number (lexnames(5)): a synset's supersense, 45 classes.
-LEXNAMES = ("adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact",
-            "noun.attribute", "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling",
-            "noun.food", "noun.group", "noun.location", "noun.motive", "noun.object", "noun.person",
-            "noun.phenomenon", "noun.plant", "noun.possession", "noun.process", "noun.quantity", "noun.relation",
-            "noun.shape", "noun.state", "noun.substance", "noun.time", "verb.body", "verb.change", "verb.cognition",
-            "verb.communication", "verb.competition", "verb.consumption", "verb.contact", "verb.creation",
-            "verb.emotion", "verb.motion", "verb.perception", "verb.possession", "verb.social", "verb.stative",
-            "verb.weather", "adj.ppl")
+LEXNAMES = (
+    "adj.all",
+    "adj.pert",
+    "adv.all",
+    "noun.Tops",
+    "noun.act",
+    "noun.animal",
+    "noun.artifact",
+    "noun.attribute",
+    "noun.body",
+    "noun.cognition",
+    "noun.communication",
+    "noun.event",
+    "noun.feeling",
+    "noun.food",
+    "noun.group",
+    "noun.location",
+    "noun.motive",
+    "noun.object",
+    "noun.person",
+    "noun.phenomenon",
+    "noun.plant",
+    "noun.possession",
+    "noun.process",
+    "noun.quantity",
+    "noun.relation",
+    "noun.shape",
+    "noun.state",
+    "noun.substance",
+    "noun.time",
+    "verb.body",
+    "verb.change",
+    "verb.cognition",
+    "verb.communication",
+    "verb.competition",
+    "verb.consumption",
+    "verb.contact",
+    "verb.creation",
+    "verb.emotion",
+    "verb.motion",
+    "verb.perception",
+    "verb.possession",
+    "verb.social",
+    "verb.stative",
+    "verb.weather",
+    "adj.ppl",
+)
 MAX_FILE_BYTES = 64 * 2**20  # data.noun is 15 MB
 MAX_LINE_BYTES = 64 * 2**10
 ADJ_MARKER = re.compile(r"\((?:a|p|ip)\)$")
@@ -73,8 +113,10 @@ class Synset:
 def wordnet_dir(root: str | None = None) -> Path:
     path = Path(root or os.environ.get("WNSEARCHDIR") or DEFAULT_DIR)
     if not (path / FILES["n"]).is_file():
-        raise WordNetMissing(f"WordNet's database files are not in {path}: apt-get install -y wordnet-base "
-                             f"(launch/setup_env.sh does), or set WNSEARCHDIR to their directory")
+        raise WordNetMissing(
+            f"WordNet's database files are not in {path}: apt-get install -y wordnet-base "
+            f"(launch/setup_env.sh does), or set WNSEARCHDIR to their directory"
+        )
     return path
 
 
@@ -83,11 +125,11 @@ def parse_line(line: str) -> Synset:
     head, _, gloss = line.partition(" | ")
     fields = head.split()
     offset, pos, count = int(fields[0]), fields[2], int(fields[3], 16)
-    lemmas = tuple(ADJ_MARKER.sub("", w).replace("_", " ") for w in fields[4:4 + 2 * count:2])
+    lemmas = tuple(ADJ_MARKER.sub("", w).replace("_", " ") for w in fields[4 : 4 + 2 * count : 2])
     at = 4 + 2 * count
     pointers = []
     for k in range(int(fields[at])):
-        symbol, target, target_pos, st = fields[at + 1 + 4 * k: at + 5 + 4 * k]
+        symbol, target, target_pos, st = fields[at + 1 + 4 * k : at + 5 + 4 * k]
         pointers.append(Pointer(symbol, int(target), target_pos, int(st[:2], 16), int(st[2:], 16)))
     examples = tuple(re.findall(r'"([^"]*)"', gloss))
     definition = gloss.split('; "', 1)[0].strip().strip(";").strip()
@@ -134,7 +176,7 @@ def senses(pos: str | Iterable[str] = "nvar", *, root: str | None = None) -> dic
             fields = line.split()
             try:
                 synset_count = int(fields[2])
-                out[(fields[0].replace("_", " "), p)] = [int(f) for f in fields[len(fields) - synset_count:]]
+                out[(fields[0].replace("_", " "), p)] = [int(f) for f in fields[len(fields) - synset_count :]]
             except (ValueError, IndexError) as err:
                 raise PipelineError(f"{path}: index line {number} is malformed ({err})") from None
     return out
@@ -159,8 +201,9 @@ def lemmas(pos: str | Iterable[str] = "nvar", *, root: str | None = None) -> set
     return {lemma for s in synsets(pos, root=root) for lemma in s.lemmas}
 
 
-def synonym_pairs(vocabulary: Iterable[str], *, pos: str = "nvar", first_sense: bool = False,
-                  root: str | None = None) -> set[tuple[str, str]]:
+def synonym_pairs(
+    vocabulary: Iterable[str], *, pos: str = "nvar", first_sense: bool = False, root: str | None = None
+) -> set[tuple[str, str]]:
     """Unordered pairs (a < b) of different one-word lemmas of one synset, both in ``vocabulary``
     (compared in lower case); ``first_sense``: only synsets that are both words' most frequent sense."""
     vocab = {w.lower() for w in vocabulary}
@@ -168,7 +211,14 @@ def synonym_pairs(vocabulary: Iterable[str], *, pos: str = "nvar", first_sense: 
     pairs = set()
     for s in synsets(pos, root=root):
         p = "a" if s.pos == "s" else s.pos
-        words = sorted({w.lower() for w in s.lemmas if " " not in w and w.lower() in vocab
-                        and (not first_sense or ranks.get((w.lower(), p), [None])[0] == s.offset)})
+        words = sorted(
+            {
+                w.lower()
+                for w in s.lemmas
+                if " " not in w
+                and w.lower() in vocab
+                and (not first_sense or ranks.get((w.lower(), p), [None])[0] == s.offset)
+            }
+        )
         pairs.update(itertools.combinations(words, 2))
     return pairs

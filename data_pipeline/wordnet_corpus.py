@@ -20,6 +20,7 @@ counted (``malformed_synset_line``), as is one over the line bound (``line_too_l
 without a gloss (``empty_gloss``). ``wordnet:/path`` reads the database in another folder
 (``WNSEARCHDIR`` works too).
 """
+
 from __future__ import annotations
 
 from collections import Counter

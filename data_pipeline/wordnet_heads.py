@@ -13,6 +13,7 @@
 Row ids are ``wn30:<pos><synset offset>/e<example number>``; rows come in the order of a hash of
 their id (``stable_order``).
 """
+
 from __future__ import annotations
 
 import re
@@ -41,11 +42,22 @@ def span_rows(root: str | None = None, *, parts: str = "nvar", limit: int | None
         lemmas = [w.lower() for w in s.lemmas if LEMMA.match(w.lower())]
         if len(definition.split()) < 3 or any(w.lower() in definition.lower() for w in s.lemmas):
             continue
-        found = sorted({(m.start(), m.group()) for w in lemmas
-                        for m in re.finditer(rf"\b{re.escape(w)}\b", example, re.IGNORECASE)})
+        found = sorted(
+            {
+                (m.start(), m.group())
+                for w in lemmas
+                for m in re.finditer(rf"\b{re.escape(w)}\b", example, re.IGNORECASE)
+            }
+        )
         if found:
-            rows.append({"id": row_id, "context": example, "question": f"Which word means: {definition}?",
-                         "answers": {"text": [t for _, t in found], "answer_start": [a for a, _ in found]}})
+            rows.append(
+                {
+                    "id": row_id,
+                    "context": example,
+                    "question": f"Which word means: {definition}?",
+                    "answers": {"text": [t for _, t in found], "answer_start": [a for a, _ in found]},
+                }
+            )
     return stable_order(rows)[:limit]
 
 
@@ -60,7 +72,6 @@ def pos_rows(root: str | None = None, *, parts: str = "nvar", limit: int | None 
         if len(words) < 3 or example in seen:
             continue
         seen.add(example)
-        tags = [None if len(listed.get(w.lower(), ())) > 1 else next(iter(listed.get(w.lower(), {"O"})))
-                for w in words]
+        tags = [None if len(listed.get(w.lower(), ())) > 1 else next(iter(listed.get(w.lower(), {"O"}))) for w in words]
         rows.append({"id": row_id, "tokens": words, "tags": tags})
     return stable_order(rows)[:limit]

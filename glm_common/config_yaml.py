@@ -4,6 +4,7 @@ the rules of training configs (``glm_dist.config``) and data-pipeline recipes (`
 Each leaf value remembers where it was set (a file or the command line), so every error can say
 which key is wrong and which file to edit.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,11 +44,15 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise _Refused(f"line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name, <<: *name) "
-                           f"are not accepted in configs; write the values out, or share them through base:")
+            raise _Refused(
+                f"line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name, <<: *name) "
+                f"are not accepted in configs; write the values out, or share them through base:"
+            )
         if self._depth == MAX_DEPTH:
-            raise _Refused(f"line {event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
-                           f"a config is sections of keys and short lists")
+            raise _Refused(
+                f"line {event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
+                f"a config is sections of keys and short lists"
+            )
         self._depth += 1
         try:
             return super().compose_node(parent, index)
@@ -97,8 +102,7 @@ def read_yaml_file(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES, tags:
     return _parse_file_bytes(raw, path, TaggedLoader if tags else _StrictLoader)
 
 
-def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (),
-                    lists: tuple[str, ...] = ()) -> Any:
+def load_structured(cls: type, path: str | Path | None, overrides: list[str] = (), lists: tuple[str, ...] = ()) -> Any:
     """The same YAML rules for any dataclass schema (training configs, data-pipeline recipes).
     ``lists``: top-level keys whose value may be given as one string or comma-separated strings."""
     tree: dict[str, Any] = {}
@@ -147,12 +151,15 @@ def _merge_file(path: Path, tree: dict, sources: dict, chain: tuple[Path, ...], 
     if path in chain:
         raise ConfigError(f"config inheritance loops: {' -> '.join(map(str, chain + (path,)))}")
     if not path.is_file():
-        raise ConfigError(f"config {path} is not a file (a directory?); pass a YAML file, e.g. "
-                          f"configs/experiments/gpt2-tiny-cpu.yaml")
+        raise ConfigError(
+            f"config {path} is not a file (a directory?); pass a YAML file, e.g. configs/experiments/gpt2-tiny-cpu.yaml"
+        )
     read["files"] += 1
     if read["files"] > MAX_CONFIG_FILES:
-        raise ConfigError(f"config {chain[0]} merges more than {MAX_CONFIG_FILES} files through base: (at {path}); "
-                          f"list each base once")
+        raise ConfigError(
+            f"config {chain[0]} merges more than {MAX_CONFIG_FILES} files through base: (at {path}); "
+            f"list each base once"
+        )
     with path.open("rb") as f:
         raw = f.read(MAX_CONFIG_BYTES - read["bytes"] + 1)
     read["bytes"] += len(raw)
@@ -250,8 +257,10 @@ def _build(cls: type, data: dict, sources: dict, prefix: str) -> Any:
 
 def _refuse_unknown(key: str, prefix: str, sources: dict, known: set[str]) -> None:
     dotted = prefix + key
-    raise ConfigError(f"unknown key '{dotted}' in {_source_under(sources, dotted)}; known keys of "
-                      f"'{prefix[:-1] or 'config'}': {', '.join(sorted(known))}")
+    raise ConfigError(
+        f"unknown key '{dotted}' in {_source_under(sources, dotted)}; known keys of "
+        f"'{prefix[:-1] or 'config'}': {', '.join(sorted(known))}"
+    )
 
 
 def _source_under(sources: dict, dotted: str) -> str:
@@ -284,5 +293,6 @@ def _check_type(key: str, value: Any, hint: Any, source: str) -> Any:
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         raise ConfigError(
             f"'{key}' = {value!r} in {source}: expected {getattr(expected, '__name__', expected)}, "
-            f"got {type(value).__name__}")
+            f"got {type(value).__name__}"
+        )
     return value

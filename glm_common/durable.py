@@ -4,6 +4,7 @@ A file is written under a temporary name, flushed and fsync'ed, renamed into pla
 directory is fsync'ed so the rename itself survives. Object stores have no rename and no fsync: an
 object appears whole when its upload completes, so there these steps are skipped.
 """
+
 from __future__ import annotations
 
 import os

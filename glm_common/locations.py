@@ -5,14 +5,17 @@ checkpoints) is named by a path or an fsspec URL (docs/architecture.md, decision
 ``pipe:cmd`` runs ``cmd`` in a shell, and fsspec knows protocols that reach far beyond storage
 (``reference::``, ``ssh://``, ...); both are refused with one line.
 """
+
 from __future__ import annotations
 
 import re
 
 STORAGE_SCHEMES = ("file", "local", "http", "https", "s3", "s3a", "gs", "gcs", "hf", "memory")
 CACHE_SCHEMES = ("simplecache", "filecache", "blockcache")  # only in front of a storage link: CACHE::URL
-ALLOWED_FORMS = ("a path or a file://, http(s)://, s3://, gs://, gcs://, hf:// or memory:// URL, optionally "
-                 "behind simplecache::, filecache:: or blockcache::")
+ALLOWED_FORMS = (
+    "a path or a file://, http(s)://, s3://, gs://, gcs://, hf:// or memory:// URL, optionally "
+    "behind simplecache::, filecache:: or blockcache::"
+)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _BARE_PROTOCOL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*$")
 
@@ -32,12 +35,16 @@ def check_scheme(url: str, key: str) -> None:
         if scheme is None:
             continue
         if scheme == "pipe":
-            raise ValueError(f"{key}={url!r}: 'pipe:' runs a shell command; shard and input locations are URLs "
-                             f"or paths, never commands (use {ALLOWED_FORMS})")
+            raise ValueError(
+                f"{key}={url!r}: 'pipe:' runs a shell command; shard and input locations are URLs "
+                f"or paths, never commands (use {ALLOWED_FORMS})"
+            )
         allowed = STORAGE_SCHEMES if i == len(links) - 1 else STORAGE_SCHEMES + CACHE_SCHEMES
         if scheme not in allowed:
-            raise ValueError(f"{key}={url!r}: scheme '{scheme}:' is not allowed; use {ALLOWED_FORMS} "
-                             f"(write ./ before a local file name that holds a colon)")
+            raise ValueError(
+                f"{key}={url!r}: scheme '{scheme}:' is not allowed; use {ALLOWED_FORMS} "
+                f"(write ./ before a local file name that holds a colon)"
+            )
 
 
 def scheme_of(link: str, *, last: bool) -> str | None:

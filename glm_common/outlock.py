@@ -13,6 +13,7 @@ be checked from here: the message says which file to delete if that run is over.
 
 Only local (or shared-filesystem) folders are locked; object stores have no exclusive create.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,7 @@ class OutputLock:
                 pass
 
 
-def acquire(folder: str | Path, *, command: str, key: str,
-            announce: Callable[[str], None] | None = None) -> OutputLock:
+def acquire(folder: str | Path, *, command: str, key: str, announce: Callable[[str], None] | None = None) -> OutputLock:
     """Lock ``folder`` (created if missing) for ``command`` (e.g. ``"glm train"``); ``key`` names the
     setting that chose the folder, for the messages. A stale lock is taken over, with a line to
     ``announce`` (stderr by default); a live one, or one that cannot be checked, raises
@@ -87,15 +87,19 @@ def acquire(folder: str | Path, *, command: str, key: str,
         if holder is None and not path.exists():
             continue  # released meanwhile
         if holder is None:
-            raise FolderLocked(f"{key} {folder} has a lock file {path} that is empty or unreadable; if no glm "
-                               f"command writes there, delete it and rerun")
+            raise FolderLocked(
+                f"{key} {folder} has a lock file {path} that is empty or unreadable; if no glm "
+                f"command writes there, delete it and rerun"
+            )
         reason = stale_reason(holder)
         if reason is None:
             raise FolderLocked(_refusal(holder, folder=folder, key=key, path=path))
         if _take_over(path, holder):
             announce(f"{command}: taking over the lock of {key} {folder}: it was left by {_who(holder)}, {reason}")
-    raise FolderLocked(f"{key} {folder}: could not take {path} in {ATTEMPTS} attempts (other processes keep "
-                       f"taking it); is another glm command starting on the same folder?")
+    raise FolderLocked(
+        f"{key} {folder}: could not take {path} in {ATTEMPTS} attempts (other processes keep "
+        f"taking it); is another glm command starting on the same folder?"
+    )
 
 
 @contextmanager
@@ -145,9 +149,15 @@ def stale_reason(holder: dict) -> str | None:
 
 
 def _identity(command: str, token: str) -> dict:
-    return {"command": command, "host": socket.gethostname(), "pid": os.getpid(),
-            "pid_start": _proc_stat(os.getpid())[1],
-            "boot_id": _boot_id(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token}
+    return {
+        "command": command,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": _proc_stat(os.getpid())[1],
+        "boot_id": _boot_id(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "token": token,
+    }
 
 
 def _create(path: Path, content: dict) -> bool:
@@ -213,16 +223,22 @@ def _take_over(path: Path, holder: dict) -> bool:
 def _who(holder: dict) -> str:
     host = holder.get("host", "?")
     here = "this host" if host == socket.gethostname() else f"host {host}"
-    return f"{holder.get('command', 'a glm command')} (pid {holder.get('pid', '?')} on {here}, started " \
-           f"{holder.get('started', '?')})"
+    return (
+        f"{holder.get('command', 'a glm command')} (pid {holder.get('pid', '?')} on {here}, started "
+        f"{holder.get('started', '?')})"
+    )
 
 
 def _refusal(holder: dict, *, folder: Path, key: str, path: Path) -> str:
     if holder.get("host") == socket.gethostname():
-        return (f"{key} {folder} is in use by {_who(holder)}; one writer per folder: wait for it to end, or "
-                f"choose another {key}")
-    return (f"{key} {folder} is locked by {_who(holder)}, which cannot be checked from {socket.gethostname()}; "
-            f"if that run is over, delete {path} and rerun, or choose another {key}")
+        return (
+            f"{key} {folder} is in use by {_who(holder)}; one writer per folder: wait for it to end, or "
+            f"choose another {key}"
+        )
+    return (
+        f"{key} {folder} is locked by {_who(holder)}, which cannot be checked from {socket.gethostname()}; "
+        f"if that run is over, delete {path} and rerun, or choose another {key}"
+    )
 
 
 def _proc_stat(pid: int) -> tuple[str | None, int | None]:
@@ -232,7 +248,7 @@ def _proc_stat(pid: int) -> tuple[str | None, int | None]:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None, None
-    fields = stat[stat.rfind(")") + 2:].split()  # fields 3.. of proc(5): state is 3, starttime 22
+    fields = stat[stat.rfind(")") + 2 :].split()  # fields 3.. of proc(5): state is 3, starttime 22
     start = int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
     return (fields[0] if fields else None), start
 

@@ -22,6 +22,7 @@ What it refuses (a location that is not storage, a file that is missing, too lar
 a regular file, a rename onto a taken name) raises the error type it was opened with, in one line
 that ends with the owner's advice: ``StorageError`` by default, ``CheckpointError`` for checkpoints.
 """
+
 from __future__ import annotations
 
 import errno
@@ -55,8 +56,15 @@ class Storage:
     raise and ``advice`` ends their message; ``counter`` is shared with the storage this one was
     derived from (:meth:`child`)."""
 
-    def __init__(self, location: str | Path, *, what: str = "output", error: type[Exception] = StorageError,
-                 advice: str = "", counter: Counter | None = None) -> None:
+    def __init__(
+        self,
+        location: str | Path,
+        *,
+        what: str = "output",
+        error: type[Exception] = StorageError,
+        advice: str = "",
+        counter: Counter | None = None,
+    ) -> None:
         location = str(location)
         self.what, self.error, self.advice = what, error, advice
         try:
@@ -144,8 +152,9 @@ class Storage:
         if self.local:
             return sorted(os.listdir(self._p(key))) if os.path.isdir(self._p(key)) else []
         try:
-            return sorted(posixpath.basename(p.rstrip("/"))
-                          for p in self.fs.ls(self._p(key), detail=False, refresh=True))
+            return sorted(
+                posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self._p(key), detail=False, refresh=True)
+            )
         except FileNotFoundError:
             return []
 
@@ -154,7 +163,7 @@ class Storage:
         base = self._p(key)
         if self.local:
             return sorted(str(Path(d, n).relative_to(self.root)) for d, _, names in os.walk(base) for n in names)
-        return sorted(p[len(self.root) + 1:] for p in self.fs.find(base))
+        return sorted(p[len(self.root) + 1 :] for p in self.fs.find(base))
 
     def free_bytes(self) -> int | None:
         """Free space on the local filesystem that holds this directory (None for an object store)."""
@@ -195,8 +204,10 @@ class Storage:
         except FileNotFoundError:
             raise self._refuse(f"{self.what} file {self.url}/{key} is missing") from None
         if size > max_bytes:
-            raise self._refuse(f"{self.what} file {self.url}/{key} is {size} bytes, more than the {max_bytes} "
-                               f"allowed for it (corrupt, or not the file expected there)")
+            raise self._refuse(
+                f"{self.what} file {self.url}/{key} is {size} bytes, more than the {max_bytes} "
+                f"allowed for it (corrupt, or not the file expected there)"
+            )
         return self.read_range(key, 0, size, purpose=purpose)
 
     def open(self, key: str) -> IO[bytes]:
@@ -223,15 +234,24 @@ class Storage:
         self.bytes_read[purpose] += len(data)
         return data
 
-    def read_ranges(self, keys: list[str], starts: list[int], ends: list[int], *,
-                    purpose: str = "data") -> list[bytes]:
+    def read_ranges(self, keys: list[str], starts: list[int], ends: list[int], *, purpose: str = "data") -> list[bytes]:
         """Bytes ``[start, end)`` of each key; remote ranges are fetched concurrently."""
         if self.local:
-            return [self.read_range(key, start, end - start, purpose=purpose) if end > start else b""
-                    for key, start, end in zip(keys, starts, ends)]
+            return [
+                self.read_range(key, start, end - start, purpose=purpose) if end > start else b""
+                for key, start, end in zip(keys, starts, ends)
+            ]
         wanted = [i for i in range(len(keys)) if ends[i] > starts[i]]
-        got = self.fs.cat_ranges([self._p(keys[i]) for i in wanted], [starts[i] for i in wanted],
-                                 [ends[i] for i in wanted], on_error="raise") if wanted else []
+        got = (
+            self.fs.cat_ranges(
+                [self._p(keys[i]) for i in wanted],
+                [starts[i] for i in wanted],
+                [ends[i] for i in wanted],
+                on_error="raise",
+            )
+            if wanted
+            else []
+        )
         out = [b""] * len(keys)
         for i, data in zip(wanted, got):
             out[i] = data
@@ -245,7 +265,7 @@ class Storage:
             try:
                 done = 0
                 while done < len(out):
-                    n = os.preadv(fd, [out[done:done + CHUNK]], offset + done)
+                    n = os.preadv(fd, [out[done : done + CHUNK]], offset + done)
                     if n <= 0:
                         break
                     done += n
@@ -314,8 +334,10 @@ class Storage:
         """Move ``src`` to ``dst``, which must not exist: what is already there (another run's
         checkpoint, a copy) is never replaced. Local: one atomic rename (a directory is never
         renamed onto a non-empty one); object stores: copy + delete."""
-        taken = self.error(f"{self.url}/{dst} already exists and is never replaced (another run writing into "
-                           f"this folder, or a copy put there); give each run its own folder, or move {dst} away")
+        taken = self.error(
+            f"{self.url}/{dst} already exists and is never replaced (another run writing into "
+            f"this folder, or a copy put there); give each run its own folder, or move {dst} away"
+        )
         if self.exists(dst):
             raise taken
         if not self.local:
@@ -377,6 +399,11 @@ class AtomicFile:
 
 
 def _kind(mode: int) -> str:
-    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ]
     return next((name for test, name in kinds if test(mode)), "not a plain file")

@@ -5,6 +5,7 @@ runs the command named and turns what can go wrong into exit codes: 2 and one li
 1 and one line plus a crash report for a bug, 3 for a run that diverged, ``Preempted.exit_code`` for a
 preempted one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,9 +96,13 @@ def _main(argv: list[str] | None) -> int:
             where = where.tb_next
         at = f" at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}" if where else ""
         report = write_crash_report(command, err, run_dir=commands.run_dir)
-        print(redact_text(f"glm {command}: internal error: {type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}{at}; {report} (please report it)"),
-              file=sys.stderr)
+        print(
+            redact_text(
+                f"glm {command}: internal error: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}{at}; {report} (please report it)"
+            ),
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -12,6 +12,7 @@ follows the terminal width and changes between Python versions), defaults are th
 environment, and a default that an environment variable changes says which variable, found by building
 the parsers again with it set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,11 +54,14 @@ class _Caught(Exception):
 
 def _caught_parser(main: Callable[[list[str]], int]) -> argparse.ArgumentParser:
     """The parser ``main`` builds, taken at its parse call (nothing after it runs)."""
+
     def catch(self, *args, **kwargs):
         raise _Caught(self)
 
-    saved = {name: getattr(argparse.ArgumentParser, name) for name in ("parse_args", "parse_intermixed_args",
-                                                                        "parse_known_args")}
+    saved = {
+        name: getattr(argparse.ArgumentParser, name)
+        for name in ("parse_args", "parse_intermixed_args", "parse_known_args")
+    }
     try:
         for name in saved:
             setattr(argparse.ArgumentParser, name, catch)
@@ -139,6 +143,7 @@ def parsers() -> Command:
 
 
 # -- rendering ---------------------------------------------------------------------------------------
+
 
 def _metavar(action: argparse.Action, optional: bool) -> str:
     if action.metavar is not None:
@@ -264,8 +269,10 @@ def command_section(command: Command) -> list[str]:
             name = ", ".join(f"{o} {form}".strip() for o in action.option_strings)
         else:
             name = _arg_form(action, False)
-        rows.append(f"| `{name}` | {_default(action, command.env_defaults.get(action.dest))} | "
-                    f"{_text(_expand(action.help, action, command.parser.prog))} |")
+        rows.append(
+            f"| `{name}` | {_default(action, command.env_defaults.get(action.dest))} | "
+            f"{_text(_expand(action.help, action, command.parser.prog))} |"
+        )
     if rows:
         out += ["| argument | default | help |", "|---|---|---|", *rows, ""]
     if command.children:
@@ -289,14 +296,19 @@ def command_table(root: Command, link: str = "docs/cli.md") -> str:
 
 def cli_markdown(root: Command | None = None) -> str:
     root = root or parsers()
-    out = ["# CLI reference", "",
-           "Every `glm` command and subcommand with its arguments, generated from the parsers "
-           "(each command's module in `glm_dist/commands/`, listed in its `__init__.py`; `glm_dist/launch.py` "
-           f"and `glm_dist/slurm.py` for `glm launch` and `glm slurm`) by `{REGENERATE}`; "
-           "`tests/test_cli_doc.py` fails when this page is stale. "
-           "Every command also takes `-h` / `--help`. Config keys, the `key=value` overrides, are listed "
-           "by `glm config keys` ([configs.md](configs.md)). Defaults are those of an empty environment.",
-           "", command_table(root, link=""), ""]
+    out = [
+        "# CLI reference",
+        "",
+        "Every `glm` command and subcommand with its arguments, generated from the parsers "
+        "(each command's module in `glm_dist/commands/`, listed in its `__init__.py`; `glm_dist/launch.py` "
+        f"and `glm_dist/slurm.py` for `glm launch` and `glm slurm`) by `{REGENERATE}`; "
+        "`tests/test_cli_doc.py` fails when this page is stale. "
+        "Every command also takes `-h` / `--help`. Config keys, the `key=value` overrides, are listed "
+        "by `glm config keys` ([configs.md](configs.md)). Defaults are those of an empty environment.",
+        "",
+        command_table(root, link=""),
+        "",
+    ]
     for command in _commands(root):
         out += command_section(command)
     return "\n".join(out).rstrip("\n") + "\n"

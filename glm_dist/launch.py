@@ -9,6 +9,7 @@ on to its workers instead of killing it (SLURM's ``--signal`` reaches every proc
 a workstation user signals just this one; the workers checkpoint on it), and when every worker
 exits with the "preempted" code 75, so does this command, so the batch script can requeue the job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ def torchrun_argv(args: argparse.Namespace, command: list[str]) -> list[str]:
     else:
         if not args.rdzv_endpoint:
             raise SystemExit("glm launch: --rdzv-endpoint HOST:PORT is required with --nnodes > 1")
-        argv += [f"--nnodes={args.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
-                 f"--rdzv-id={args.rdzv_id}"]
+        argv += [
+            f"--nnodes={args.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={args.rdzv_endpoint}",
+            f"--rdzv-id={args.rdzv_id}",
+        ]
     return argv + ["-m", "glm_dist.cli", *command]
 
 
@@ -87,8 +92,9 @@ def _forward_to_workers(signum, frame) -> None:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="glm launch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="glm launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nproc-per-node", type=int, default=0, help="default: visible GPUs, else 1")
     ap.add_argument("--nnodes", type=int, default=1)
     ap.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous (multi-node)")

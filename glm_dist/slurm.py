@@ -2,6 +2,7 @@
 the GPUs (``--gpus-per-node N``) and cores it needs; a CPU partition takes ``--cpu`` instead.
 ``glm slurm submit-data``: the tokenizer here, then the encoding array and its merge job.
 ``glm slurm submit-pipeline``: the crawl pipeline, one job array per stage (``data_pipeline.executors.slurm``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ def gpu_request_error(args: argparse.Namespace) -> str | None:
     if args.cpu and args.gpus_per_node:
         return f"--cpu and --gpus-per-node {args.gpus_per_node} contradict each other: drop one"
     if not args.cpu and args.gpus_per_node <= 0:
-        return ("no GPUs requested: pass --gpus-per-node N (one training process per GPU), or --cpu to train "
-                "with CPU processes and gloo on a CPU partition")
+        return (
+            "no GPUs requested: pass --gpus-per-node N (one training process per GPU), or --cpu to train "
+            "with CPU processes and gloo on a CPU partition"
+        )
     return None
 
 
@@ -58,9 +61,16 @@ def submit_data(args: argparse.Namespace) -> int:
     from data_pipeline.tokenize.prepare import prepare_tokenizer
 
     d = load_config(args.config, args.overrides).data
-    tasks = prepare_tokenizer(source=d.source, out_dir=d.shards_dir, tokenizer=d.tokenizer, profile=d.tokenizer_profile,
-                              vocab_size=d.vocab_size, val_per_mille=d.val_per_mille,
-                              shard_max_bytes=d.shard_max_bytes, text_field=d.text_field)
+    tasks = prepare_tokenizer(
+        source=d.source,
+        out_dir=d.shards_dir,
+        tokenizer=d.tokenizer,
+        profile=d.tokenizer_profile,
+        vocab_size=d.vocab_size,
+        val_per_mille=d.val_per_mille,
+        shard_max_bytes=d.shard_max_bytes,
+        text_field=d.text_field,
+    )
     common = [*args.sbatch_arg, str(DATA_TEMPLATE), args.config, *args.overrides]
     array = ["sbatch", "--parsable", f"--array=0-{tasks - 1}", *common]
     merge = ["sbatch", "--parsable", "--dependency=afterok:{array}", *common]
@@ -79,8 +89,10 @@ def submit_pipeline(args: argparse.Namespace) -> int:
     """The crawl pipeline: one job array per stage (``data_pipeline/executors/slurm.py``)."""
     from data_pipeline.executors.slurm import submit
 
-    options = [*args.sbatch_arg, *(f"--{f.replace('_', '-')}={getattr(args, f)}"
-                                   for f in ("time", "partition", "account") if getattr(args, f))]
+    options = [
+        *args.sbatch_arg,
+        *(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in ("time", "partition", "account") if getattr(args, f)),
+    ]
     submit(args.config, args.overrides, options=options, dry_run=args.dry_run)
     return 0
 
@@ -91,13 +103,24 @@ def main(argv: list[str]) -> int:
     ap.add_argument("-c", "--config", required=True)
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node, one training process each (submit: "
-                    "required unless --cpu)")
-    ap.add_argument("--cpu", action="store_true", help="submit: a CPU partition; GLM_PROCS_PER_NODE CPU processes per "
-                    "node (default 1), gloo")
-    ap.add_argument("--cpus-per-task", type=int, default=0,
-                    help=f"submit: cores per node for the launcher, its workers and their data loaders (default "
-                         f"{CPUS_PER_GPU} per GPU; with --cpu, SLURM's default)")
+    ap.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=0,
+        help="GPUs per node, one training process each (submit: required unless --cpu)",
+    )
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="submit: a CPU partition; GLM_PROCS_PER_NODE CPU processes per node (default 1), gloo",
+    )
+    ap.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=0,
+        help=f"submit: cores per node for the launcher, its workers and their data loaders (default "
+        f"{CPUS_PER_GPU} per GPU; with --cpu, SLURM's default)",
+    )
     ap.add_argument("--time")
     ap.add_argument("--partition")
     ap.add_argument("--account")

@@ -8,6 +8,7 @@ lock no build has touched for ``--stale-after`` seconds, then builds. On CUDA th
 
     python launch/build_ops.py [--stale-after 600]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,12 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stale-after", type=float, default=600.0,
-                        help="seconds since a build lock last changed after which it is stale (default 600)")
+    parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=600.0,
+        help="seconds since a build lock last changed after which it is stale (default 600)",
+    )
     args = parser.parse_args(argv)
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator

@@ -1,4 +1,5 @@
 """Shared fixtures: the embedded corpus tokenized once per session, and a ``glm`` runner."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,10 +18,23 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml")
 
 # A smaller tiny model and short runs: fast enough for many multi-process tests on 2 cores.
-FAST = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "data.seq_len=64",
-        "train.micro_batch_size=4", "train.warmup_steps=2", "train.eval_batches=4",
-        "train.eval_interval=0", "train.save_interval=0", "train.plot=false", "logging.wandb=false",
-        "logging.progress=false", "train.precision=fp32", "parallel.zero_stage=0", "train.lr=3e-3"]
+FAST = [
+    "model.n_layer=2",
+    "model.d_model=64",
+    "model.n_head=4",
+    "data.seq_len=64",
+    "train.micro_batch_size=4",
+    "train.warmup_steps=2",
+    "train.eval_batches=4",
+    "train.eval_interval=0",
+    "train.save_interval=0",
+    "train.plot=false",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.precision=fp32",
+    "parallel.zero_stage=0",
+    "train.lr=3e-3",
+]
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +65,9 @@ def shards(corpus, tmp_path_factory):
     def get(profile: str) -> str:
         if profile not in built:
             out = tmp_path_factory.mktemp(f"shards-{profile}")
-            prepare_shards(source=corpus, out_dir=str(out), profile=profile, vocab_size=3000,
-                           shard_max_bytes=128 * 1024, workers=1)
+            prepare_shards(
+                source=corpus, out_dir=str(out), profile=profile, vocab_size=3000, shard_max_bytes=128 * 1024, workers=1
+            )
             built[profile] = str(out)
         return built[profile]
 
@@ -77,10 +92,14 @@ def glove_text(corpus, tmp_path_factory) -> str:
 
     root = tmp_path_factory.mktemp("glove")
     counts = str(root / "counts")
-    prepare_cooccurrence(CooccurSpec(out_dir=counts, reader=read_shard, window=10, blocks=2),
-                         dict(source=corpus, profile="word", vocab_size=3000, shard_max_bytes=128 * 1024), workers=1)
-    triples = np.concatenate([d.tokens for s in read_manifest(counts)["splits"]["train"]
-                              for d in read_shard(f"{counts}/{s['name']}")])
+    prepare_cooccurrence(
+        CooccurSpec(out_dir=counts, reader=read_shard, window=10, blocks=2),
+        dict(source=corpus, profile="word", vocab_size=3000, shard_max_bytes=128 * 1024),
+        workers=1,
+    )
+    triples = np.concatenate(
+        [d.tokens for s in read_manifest(counts)["splits"]["train"] for d in read_shard(f"{counts}/{s['name']}")]
+    )
     word, context = (torch.from_numpy(triples[k].astype(np.int64)) for k in ("word", "context"))
     count = torch.from_numpy(triples["count"].astype(np.float32))
     tok = Tokenizer.from_file(f"{counts}/tokens/tokenizer.json")
@@ -100,10 +119,18 @@ def glove_text(corpus, tmp_path_factory) -> str:
 
 
 def clean_env(threads: int = 1) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS=str(threads), WANDB_MODE="offline", WANDB_SILENT="true",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+    }
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(ROOT),
+    )
     return env
 
 
@@ -112,10 +139,19 @@ def run_glm(args: list[str], *, nproc: int = 1, check: bool = True, timeout: int
     if nproc == 1:
         cmd = [sys.executable, "-m", "glm_dist.cli", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "glm_dist.cli", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(threads=max(1, 2 // nproc)), capture_output=True,
-                          text=True, timeout=timeout)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "glm_dist.cli",
+            *args,
+        ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=clean_env(threads=max(1, 2 // nproc)), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}")
     return proc
@@ -132,8 +168,14 @@ def tagged_json(out: str, tag: str) -> list:
 def results_by_combo(script: str, args: list[str], combos: list[tuple[str, int]]) -> dict[tuple[str, int], dict]:
     """Run ``script`` once for every (precision, ZeRO stage) in ``combos`` (passed last as
     ``precision:stage``) and return its tagged ``RESULT`` rows by combination."""
-    proc = subprocess.run([sys.executable, "-c", script, *args, *(f"{p}:{z}" for p, z in combos)],
-                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args, *(f"{p}:{z}" for p, z in combos)],
+        cwd=ROOT,
+        env=clean_env(1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     found = {(r["combo"].split(":")[0], int(r["combo"].split(":")[1])): r for r in tagged_json(proc.stdout, "RESULT")}
     assert proc.returncode == 0 and len(found) == len(combos), proc.stderr[-4000:]
     return found
@@ -151,8 +193,9 @@ def _nodes_up() -> bool:
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return False
     states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
-    return out.returncode == 0 and all(states.get(n, "down").rstrip("*") in ("idle", "mix", "alloc")
-                                       for n in ("node1", "node2"))
+    return out.returncode == 0 and all(
+        states.get(n, "down").rstrip("*") in ("idle", "mix", "alloc") for n in ("node1", "node2")
+    )
 
 
 @pytest.fixture(scope="session")

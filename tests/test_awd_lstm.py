@@ -2,6 +2,7 @@
 (dropouts, weight drop, AR / TAR), padding invariance of the outputs and of the awd_lm loss,
 causality, BPT3C windows equal to one pass, pretraining on the embedded corpus, ZeRO-2 on two
 processes equal to one with exact resume, the layouts it refuses and the published plan."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,17 @@ from tests.conftest import ROOT, train_losses
 from tests.test_glove import glm as run_glm  # one thread per process
 
 AWD = str(ROOT / "configs/experiments/awd-lstm-tiny-cpu.yaml")
-QUICK = ["train.eval_interval=0", "train.eval_batches=4", "train.micro_batch_size=8", "data.seq_len=32",
-         "logging.wandb=false", "logging.progress=false", "train.plot=false", "model.vocab_size=3000",
-         "train.save_interval=0"]
+QUICK = [
+    "train.eval_interval=0",
+    "train.eval_batches=4",
+    "train.micro_batch_size=8",
+    "data.seq_len=32",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "model.vocab_size=3000",
+    "train.save_interval=0",
+]
 
 
 def tiny(flavor: str = "awd-lstm-tiny", **kw) -> AwdLstm:
@@ -37,8 +46,16 @@ def test_published_awd_lstm_counts_the_papers_24m_on_the_meta_device():
     assert lstms == [7_139_200, 10_589_200, 2_483_200] and n == 24_221_600
     assert abs(n - flavor.params) / flavor.params <= flavor.tol
     cfg = flavor.cfg  # the authors' main.py defaults, the source the config names
-    assert (cfg.embed_dropout, cfg.input_dropout, cfg.hidden_dropout, cfg.output_dropout, cfg.weight_drop,
-            cfg.ar_alpha, cfg.tar_beta, cfg.context_length) == (0.1, 0.65, 0.3, 0.4, 0.5, 2.0, 1.0, 70)
+    assert (
+        cfg.embed_dropout,
+        cfg.input_dropout,
+        cfg.hidden_dropout,
+        cfg.output_dropout,
+        cfg.weight_drop,
+        cfg.ar_alpha,
+        cfg.tar_beta,
+        cfg.context_length,
+    ) == (0.1, 0.65, 0.3, 0.4, 0.5, 2.0, 1.0, 70)
 
 
 def test_regularisation_is_on_in_training_only():
@@ -51,8 +68,11 @@ def test_regularisation_is_on_in_training_only():
     assert torch.equal(model(x)["logits"], model(x)["logits"])
     out = tiny()(x)
     assert torch.equal(out["output"], out["raw_output"])  # no output dropout in evaluation
-    assert (out["logits"].shape == (2, 9, 60)
-            and [s[0].shape for s in out["state"]] == [(1, 2, 32), (1, 2, 32), (1, 2, 16)])
+    assert out["logits"].shape == (2, 9, 60) and [s[0].shape for s in out["state"]] == [
+        (1, 2, 32),
+        (1, 2, 32),
+        (1, 2, 16),
+    ]
     tied = out["output"] @ model.embed.weight.T + model.out_bias  # the output layer is the embedding matrix
     assert torch.allclose(out["logits"], tied, atol=1e-6)
 
@@ -78,7 +98,7 @@ def test_padding_never_changes_outputs_or_the_loss():
         for b, s in enumerate(seqs):
             alone = model(s[None])
             for key in ("logits", "output", "raw_output"):
-                assert torch.allclose(batch[key][b, :len(s)], alone[key][0], atol=1e-5), (key, b)
+                assert torch.allclose(batch[key][b, : len(s)], alone[key][0], atol=1e-5), (key, b)
         loss, _ = AWD_LM.loss(model, {"input_ids": ids, "labels": labels, "attention_mask": mask}, metrics=False)
         other = ids.masked_fill(mask == 0, 17)  # other tokens in the padding
         again, sums = AWD_LM.loss(model, {"input_ids": other, "labels": labels, "attention_mask": mask}, metrics=True)
@@ -105,8 +125,9 @@ def test_bpt3c_windows_with_the_carried_state_equal_one_pass_and_padding_changes
     whole.head.load_state_dict(windows.head.state_dict())
     with torch.no_grad():
         a, b = windows(ids, lengths), whole(ids, lengths)
-        assert (torch.allclose(a["output"], b["output"], atol=1e-5)
-                and torch.allclose(a["logits"], b["logits"], atol=1e-5))
+        assert torch.allclose(a["output"], b["output"], atol=1e-5) and torch.allclose(
+            a["logits"], b["logits"], atol=1e-5
+        )
         for i, d in enumerate(docs):
             alone = windows(torch.tensor([d]), torch.tensor([len(d)]))["logits"][0]
             assert torch.allclose(alone, a["logits"][i], atol=1e-5)
@@ -121,16 +142,27 @@ def args(shards_dir: str, out, *extra: str) -> list[str]:
 @pytest.mark.slow
 def test_zero2_on_two_ranks_matches_one_process_and_resumes_exactly_on_another_layout(shards, tmp_path):
     root = shards("word")
-    run = ["model.flavor=awd-lstm-tiny-plain", "train.max_steps=6", "train.global_batch_size=8",
-           "train.micro_batch_size=4", "train.lr=3e-3", "train.warmup_steps=0", "train.schedule=constant"]
+    run = [
+        "model.flavor=awd-lstm-tiny-plain",
+        "train.max_steps=6",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=4",
+        "train.lr=3e-3",
+        "train.warmup_steps=0",
+        "train.schedule=constant",
+    ]
     one = tmp_path / "one"
     run_glm(args(root, one, *run, "train.grad_accum_steps=2", "parallel.zero_stage=0"))
     split = tmp_path / "split"  # two ranks with ZeRO-2 stopped after step 3, resumed on one process
     run_glm(args(root, split, *run, "parallel.zero_stage=2", "train.stop_at_step=3"), nproc=2)
     run_glm(args(root, split, *run, "parallel.zero_stage=2", "train.grad_accum_steps=2"))
     reference, resumed = train_losses(one), train_losses(split)
-    print("one process:", [round(x, 5) for x in reference], "\ntwo ranks, ZeRO-2, resumed at 3 on one:",
-          [round(x, 5) for x in resumed])
+    print(
+        "one process:",
+        [round(x, 5) for x in reference],
+        "\ntwo ranks, ZeRO-2, resumed at 3 on one:",
+        [round(x, 5) for x in resumed],
+    )
     assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference, resumed)) < 1e-4, (reference, resumed)
     assert reference[-1] < reference[0] - 0.04  # it trains: measured 8.017 -> 7.939 in six steps
 

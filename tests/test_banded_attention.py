@@ -1,5 +1,6 @@
 """GPT-3's sparse layers attend in blocks: each block of W queries sees its own block and the
 previous one, so scores and mask grow as T x 2W; the result equals the dense band-masked one."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,9 @@ def test_scores_and_mask_grow_as_t_times_window(monkeypatch):
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(common.F, "scaled_dot_product_attention", spy)
-    model = GPT(gpt_config("tiny", n_layer=2, d_model=32, n_head=2, vocab_size=50, context_length=2048,
-                           sparse_window=256))
+    model = GPT(
+        gpt_config("tiny", n_layer=2, d_model=32, n_head=2, vocab_size=50, context_length=2048, sparse_window=256)
+    )
     with torch.no_grad():
         model(torch.zeros(1, 2048, dtype=torch.long))
     dense_layer, sparse_layer = calls
@@ -72,9 +74,26 @@ def test_scores_and_mask_grow_as_t_times_window(monkeypatch):
 def test_measured_memory_follows_the_scores_with_the_math_kernel():
     """bench/banded_attention.py at seq 2048, window 256 where SDPA keeps its scores (math kernel,
     as when no fused kernel takes the inputs): the blocked layer holds a fraction of the dense one's."""
-    proc = subprocess.run([sys.executable, "bench/banded_attention.py", "--backend", "math", "--batch", "1",
-                           "--heads", "4", "--repeats", "1", "--json"], cwd=ROOT, env=clean_env(2),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/banded_attention.py",
+            "--backend",
+            "math",
+            "--batch",
+            "1",
+            "--heads",
+            "4",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=clean_env(2),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout)
     assert r["max_diff"] < 1e-5

@@ -2,6 +2,7 @@
 data-parallel split, files that safetensors itself reads, verification split over ranks by bytes,
 each rank reading only its share at a layout change, asynchronous saves (a kill -9 mid-write, a
 writer failing on one rank), and an S3 bucket (moto's server) as the checkpoint store."""
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,7 @@ def save_layout(ckpt: Storage, tensors: dict[str, tuple[torch.Tensor, int, int]]
                 if tp is None:  # replicated over the tensor ranks: each writes a part of the fragment
                     start, n = start + n * t // tp_size, n * (t + 1) // tp_size - n * t // tp_size
                 key = f"{name}@{start}"
-                parts.append((key, local[start:start + n].clone()))
+                parts.append((key, local[start : start + n].clone()))
                 shards.append(Shard(name, "fp32", tuple(full.shape), tp, start, n).to_json(key))
             files[data_file(rank, "fp32")] = tensorfile.write(ckpt, data_file(rank, "fp32"), parts)
             data = json.dumps({"rank": rank, "shards": shards}).encode()
@@ -71,8 +72,12 @@ def test_any_slice_reads_back_from_the_shards_of_any_layout(saved, wanted, tmp_p
     size) and replicated tensors saved at one (tensor, data) split and read at another: every rank
     gets exactly its slice, and reads exactly its bytes (each piece lies in one saved file run)."""
     gen = torch.Generator().manual_seed(0)
-    tensors = {"qkv": (torch.randn(24, 8, generator=gen), 0, 3), "proj": (torch.randn(8, 16, generator=gen), 1, 1),
-               "vocab": (torch.randn(11, 4, generator=gen), 0, 1), "wte": (torch.randn(10, 4, generator=gen), None, 1)}
+    tensors = {
+        "qkv": (torch.randn(24, 8, generator=gen), 0, 3),
+        "proj": (torch.randn(8, 16, generator=gen), 1, 1),
+        "vocab": (torch.randn(11, 4, generator=gen), 0, 1),
+        "wte": (torch.randn(10, 4, generator=gen), None, 1),
+    }
     ckpt = checkpoint_storage(tmp_path)
     index = ShardIndex(ckpt, save_layout(ckpt, tensors, *saved))
     tp_size, dp = wanted
@@ -84,7 +89,7 @@ def test_any_slice_reads_back_from_the_shards_of_any_layout(saved, wanted, tmp_p
                 out = torch.empty(n)
                 before = ckpt.bytes_read["data"]
                 index.read(Shard(name, "fp32", tuple(full.shape), tp, start, n), out)
-                assert torch.equal(out, local[start:start + n]), (name, t, start)
+                assert torch.equal(out, local[start : start + n]), (name, t, start)
                 assert ckpt.bytes_read["data"] - before <= 4 * n + (1 << 16)
         assert torch.equal(index.whole("proj"), tensors["proj"][0])
         assert torch.equal(index.whole("vocab"), tensors["vocab"][0])
@@ -113,8 +118,11 @@ def test_missing_elements_and_bad_files_are_one_clear_error(tmp_path):
 def test_shard_files_are_safetensors_files(tmp_path):
     from safetensors import safe_open
 
-    tensors = [("a@0", torch.randn(5)), ("b@7", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
-               ("c@0", torch.randn(3).bfloat16())]
+    tensors = [
+        ("a@0", torch.randn(5)),
+        ("b@7", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
+        ("c@0", torch.randn(3).bfloat16()),
+    ]
     entry = tensorfile.write(checkpoint_storage(tmp_path), "x.safetensors", tensors)
     assert entry["size"] == (tmp_path / "x.safetensors").stat().st_size
     with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:
@@ -175,16 +183,21 @@ def _as_format_2(ckpt: Path, old: Path) -> None:
     buffers = {name: index.whole(name, "buffer") for name in index.names("buffer")}
     if buffers:
         torch.save(buffers, uni / "buffers-00000.pt")
-    (uni / "index-00000.json").write_text(json.dumps({"params": shapes, "moments": moments,
-                                                      "step": client["optimizer"]["step"]}))
+    (uni / "index-00000.json").write_text(
+        json.dumps({"params": shapes, "moments": moments, "step": client["optimizer"]["step"]})
+    )
     (old / "client_state.json").write_text(json.dumps({k: client[k] for k in ("train_state", "data")}))
     (old / "rng").mkdir()
     (old / "rng/rank00000.json").write_bytes((ckpt / "rng/rank00000.json").read_bytes())
     (old / "tokenizer.json").write_bytes((ckpt / "tokenizer.json").read_bytes())
-    files = {str(p.relative_to(old)): {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-             for p in sorted(old.rglob("*")) if p.is_file()}
-    (old / "meta.json").write_text(json.dumps({**{k: v for k, v in meta.items() if k != "files"}, "format": 2,
-                                               "files": files}))
+    files = {
+        str(p.relative_to(old)): {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(old.rglob("*"))
+        if p.is_file()
+    }
+    (old / "meta.json").write_text(
+        json.dumps({**{k: v for k, v in meta.items() if k != "files"}, "format": 2, "files": files})
+    )
 
 
 def test_a_format_2_checkpoint_converts_and_resumes_on_the_losses_of_the_run_that_saved_it(shards_dir, tmp_path):
@@ -192,8 +205,16 @@ def test_a_format_2_checkpoint_converts_and_resumes_on_the_losses_of_the_run_tha
     run_glm(["train", "-c", *fast(shards_dir, tmp_path / "a", *run)])
     saved = tmp_path / "a/checkpoints/step_00000002"
     _as_format_2(saved, tmp_path / "old")
-    proc = run_glm(["checkpoint", "convert", "--checkpoint", str(tmp_path / "old"), "--out",
-                    str(tmp_path / "b/checkpoints/step_00000002")])
+    proc = run_glm(
+        [
+            "checkpoint",
+            "convert",
+            "--checkpoint",
+            str(tmp_path / "old"),
+            "--out",
+            str(tmp_path / "b/checkpoints/step_00000002"),
+        ]
+    )
     report = json.loads(proc.stdout.splitlines()[-1])
     assert report["step"] == 2 and report["moments"] == ["exp_avg", "exp_avg_sq"]
     converted = json.loads((tmp_path / "b/checkpoints/step_00000002/client_state.json").read_text())
@@ -217,8 +238,7 @@ def launch(script: str, argv: list[str], *, where: Path, nproc: int = 2, **popen
     path = where / "script.py"
     path.write_text(script)
     runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
-    return subprocess.Popen([sys.executable, *runner, str(path), *argv], cwd=ROOT, env=clean_env(1), text=True,
-                            **popen)
+    return subprocess.Popen([sys.executable, *runner, str(path), *argv], cwd=ROOT, env=clean_env(1), text=True, **popen)
 
 
 READ_SHARE = r"""
@@ -241,8 +261,13 @@ def test_each_rank_reads_only_its_share_at_a_layout_change(shards_dir, tmp_path)
     bytes of the fp32 and moment slices it holds -- half the shard data -- and hashes about half
     of the checkpoint to verify it."""
     run_glm(["train", "-c", *fast(shards_dir, tmp_path, "train.max_steps=2")])
-    proc = launch(READ_SHARE, fast(shards_dir, tmp_path, "train.max_steps=4", "parallel.zero_stage=3"),
-                  where=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = launch(
+        READ_SHARE,
+        fast(shards_dir, tmp_path, "train.max_steps=4", "parallel.zero_stage=3"),
+        where=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     reports = tagged_json(out, "REPORT")
@@ -277,9 +302,14 @@ def test_kill_9_during_an_asynchronous_write_leaves_the_previous_checkpoint_late
     that was never killed."""
     marker = tmp_path / "writing"
     env = clean_env(2) | {"GLM_TEST_MARKER": str(marker)}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, *fast(shards_dir, tmp_path, "train.max_steps=8",
-                                                                      "train.save_interval=2")],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, *fast(shards_dir, tmp_path, "train.max_steps=8", "train.save_interval=2")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 240
         while not (marker.exists() and (tmp_path / "metrics.jsonl").exists() and len(train_losses(tmp_path)) >= 5):
@@ -318,9 +348,13 @@ sys.exit(main(["train", "-c", *sys.argv[1:]]))
 
 @pytest.mark.slow
 def test_a_background_write_failing_on_one_rank_stops_every_rank_with_one_message(shards_dir, tmp_path):
-    proc = launch(FAILING_WRITER, fast(shards_dir, tmp_path, "train.max_steps=6", "train.save_interval=2",
-                                       "parallel.zero_stage=1"), where=tmp_path, stdout=subprocess.PIPE,
-                  stderr=subprocess.PIPE)
+    proc = launch(
+        FAILING_WRITER,
+        fast(shards_dir, tmp_path, "train.max_steps=6", "train.save_interval=2", "parallel.zero_stage=1"),
+        where=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode != 0 and "internal error" not in err, err[-3000:]
     message = "writing checkpoint step_00000004 failed on rank 1 (OSError: [Errno 28] No space left on device"
@@ -340,8 +374,12 @@ def s3_bucket(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "FSSPEC_S3_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://{host}:{port}",
+    }.items():
         monkeypatch.setenv(key, value)
     import fsspec.config
     import s3fs
@@ -377,11 +415,22 @@ def test_checkpoints_on_s3_save_resume_and_export(s3_bucket, shards_dir, tmp_pat
     # the tokenizer travels with it from the bucket, and glm eval reads the checkpoint there too
     exported = json.loads((tmp_path / "hf/tokenizer.json").read_text())
     saved = json.loads((tmp_path / "straight/checkpoints/step_00000004/tokenizer.json").read_text())
-    assert (exported["model"]["vocab"] == saved["model"]["vocab"]
-            and exported["model"]["merges"] == saved["model"]["merges"])
+    assert (
+        exported["model"]["vocab"] == saved["model"]["vocab"]
+        and exported["model"]["merges"] == saved["model"]["merges"]
+    )
     proc = run_glm(["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint", f"{url}/step_00000004"])
-    remote_eval = json.loads(proc.stdout[proc.stdout.index("{"):])
-    proc = run_glm(["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint",
-                    str(tmp_path / "straight/checkpoints/step_00000004")])
-    local_eval = json.loads(proc.stdout[proc.stdout.index("{"):])
+    remote_eval = json.loads(proc.stdout[proc.stdout.index("{") :])
+    proc = run_glm(
+        [
+            "eval",
+            "-c",
+            TINY,
+            *FAST,
+            f"data.shards_dir={shards_dir}",
+            "--checkpoint",
+            str(tmp_path / "straight/checkpoints/step_00000004"),
+        ]
+    )
+    local_eval = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert remote_eval.pop("checkpoint") != local_eval.pop("checkpoint") and remote_eval == local_eval

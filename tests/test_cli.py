@@ -1,5 +1,6 @@
 """The command table: every ``glm`` command is a module with its arguments and its run function, dispatched
 by name, and a run imports only the module of the command it runs."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,14 @@ def runs():
     """``glm config keys`` and ``glm data mix -c TINY`` run one after the other in a fresh process:
     (exit code, stderr, the command modules each imported)."""
     argvs = [["config", "keys"], ["data", "mix", "-c", TINY]]
-    proc = subprocess.run([sys.executable, "-c", RUN, json.dumps(argvs)], cwd=ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, json.dumps(argvs)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
 

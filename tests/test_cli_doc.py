@@ -3,6 +3,7 @@
 When a test here fails after a change to a parser, run ``python -m glm_dist.cli_doc --write`` and
 commit docs/cli.md and README.md with the change.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,14 +28,22 @@ def test_docs_cli_md_and_the_readme_table_are_current():
 def test_every_command_has_a_section_in_docs_cli_md_and_a_row_in_the_readme(root):
     names = [c.name for c in cli_doc.leaves(root)]
     # the five the README's old command list left out, and the two parsed outside glm's parser
-    assert {"glm checkpoint convert", "glm data index", "glm data gettext", "glm data tagging",
-            "glm data token-tasks", "glm launch", "glm slurm"} <= set(names)
+    assert {
+        "glm checkpoint convert",
+        "glm data index",
+        "glm data gettext",
+        "glm data tagging",
+        "glm data token-tasks",
+        "glm launch",
+        "glm slurm",
+    } <= set(names)
     page = cli_doc.CLI_MD.read_text(encoding="utf-8")
     readme = cli_doc.README.read_text(encoding="utf-8")
     for name in names:
         assert f"\n## {name}\n" in page, f"docs/cli.md has no section for {name}; {REGENERATE}"
-        assert f"| [`{name}`](docs/cli.md#{name.replace(' ', '-')}) |" in readme, \
+        assert f"| [`{name}`](docs/cli.md#{name.replace(' ', '-')}) |" in readme, (
             f"README.md's command table has no row for {name}; {REGENERATE}"
+        )
 
 
 def test_every_argument_of_every_command_is_in_its_section(root):

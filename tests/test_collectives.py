@@ -1,6 +1,7 @@
 """What a GPU run needs, enforced on the CPU: collectives only through ``parallel/comm.py`` with
 tensors on the backend's device, one all-reduce and no host sync per micro batch, the srun
 environment, RNG state of the local device only, the optimizer step count where fused Adam reads it."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ from glm_dist.parallel import comm
 from glm_dist.parallel.distributed import first_host, srun_environment
 from tests.conftest import FAST, ROOT, TINY, clean_env
 
-COLLECTIVES = re.compile(r"\b(?:dist|torch\.distributed)\.(all_reduce|all_gather\w*|broadcast\w*|barrier|reduce\w*|"
-                         r"send|recv|isend|irecv|gather\w*|scatter\w*|all_to_all\w*|monitored_barrier)\(")
+COLLECTIVES = re.compile(
+    r"\b(?:dist|torch\.distributed)\.(all_reduce|all_gather\w*|broadcast\w*|barrier|reduce\w*|"
+    r"send|recv|isend|irecv|gather\w*|scatter\w*|all_to_all\w*|monitored_barrier)\("
+)
 
 
 def test_no_module_outside_the_communication_helpers_calls_a_collective():
@@ -63,8 +66,17 @@ shutdown_distributed()  # as every command does: gloo's threads left to teardown
 def test_batches_broadcast_over_a_group_arrive_whole_with_their_dtypes_and_shapes(tmp_path):
     """Mixed dtypes and sizes in one buffer (a bool mask before int64 ids, a 0-dim and an empty tensor)."""
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, "-c", BROADCAST, init, str(r)], cwd=ROOT, env=clean_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BROADCAST, init, str(r)],
+            cwd=ROOT,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     assert [json.loads(out) for out, _ in outs] == [{"rank": 0, "same": True}, {"rank": 1, "same": True}]
@@ -73,11 +85,21 @@ def test_batches_broadcast_over_a_group_arrive_whole_with_their_dtypes_and_shape
 def test_srun_environment_has_a_rendezvous_and_a_device_per_task():
     assert first_host("gpu[07-09,12],cpu1") == "gpu07" and first_host("node1,node2") == "node1"
     assert first_host("dgx-a100-[001-004]") == "dgx-a100-001"
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_JOB_ID": "123456",
-           "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "5",
+        "SLURM_JOB_ID": "123456",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+    }
     one_gpu_per_task = srun_environment(env, visible_devices=1)
-    assert one_gpu_per_task == {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "0", "MASTER_ADDR": "gpu07",
-                                "MASTER_PORT": str(20000 + 123456 % 20000)}
+    assert one_gpu_per_task == {
+        "RANK": "5",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "gpu07",
+        "MASTER_PORT": str(20000 + 123456 % 20000),
+    }
     assert srun_environment(env, visible_devices=8)["LOCAL_RANK"] == "5"
     with pytest.raises(RuntimeError, match="sees 4 GPUs"):
         srun_environment(env, visible_devices=4)
@@ -115,24 +137,28 @@ class HostSyncs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket._qualified_op_name.replace("::", ".")
-        flat = [a for a in (args[1] if name == "aten.index" and len(args) > 1 else [])
-                if isinstance(a, torch.Tensor)]
+        flat = [a for a in (args[1] if name == "aten.index" and len(args) > 1 else []) if isinstance(a, torch.Tensor)]
         if name in self.SYNCING or any(t.dtype == torch.bool for t in flat):
             self.seen.append(name)
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("family,objective,profile,flavor", [("gpt", "clm", "gpt2", "tiny"),
-                                                             ("gpt1", "clm", "gpt2", "gpt1-tiny"),
-                                                             ("bert", "mlm", "bert", "bert-tiny"),
-                                                             ("bert", "mlm_nsp", "bert", "bert-tiny"),
-                                                             ("roberta", "mlm", "roberta", "roberta-tiny"),
-                                                             ("albert", "sop", "albert", "albert-tiny"),
-                                                             ("electra", "electra", "bert", "electra-tiny"),
-                                                             ("t5", "span_corruption", "t5", "t5-tiny"),
-                                                             ("bart", "denoising", "roberta", "bart-tiny"),
-                                                             ("xlnet", "plm", "xlnet", "xlnet-tiny"),
-                                                             ("elmo", "bilm", "word", "elmo-tiny")])
+@pytest.mark.parametrize(
+    "family,objective,profile,flavor",
+    [
+        ("gpt", "clm", "gpt2", "tiny"),
+        ("gpt1", "clm", "gpt2", "gpt1-tiny"),
+        ("bert", "mlm", "bert", "bert-tiny"),
+        ("bert", "mlm_nsp", "bert", "bert-tiny"),
+        ("roberta", "mlm", "roberta", "roberta-tiny"),
+        ("albert", "sop", "albert", "albert-tiny"),
+        ("electra", "electra", "bert", "electra-tiny"),
+        ("t5", "span_corruption", "t5", "t5-tiny"),
+        ("bart", "denoising", "roberta", "bart-tiny"),
+        ("xlnet", "plm", "xlnet", "xlnet-tiny"),
+        ("elmo", "bilm", "word", "elmo-tiny"),
+    ],
+)
 def test_a_micro_batch_makes_no_host_sync(family, objective, profile, flavor, shards):
     from glm_dist.data.loader import Loader
     from glm_dist.families.registry import build_model, resolve_model_config
@@ -187,9 +213,24 @@ def test_one_all_reduce_per_optimizer_step(shards_dir, tmp_path):
     """Loss, bad-step flag and stop flag share one all-reduce per step, whatever the accumulation;
     GLM_FORCE_COLLECTIVES=1 makes a world of one run it (what one GPU's check exercises)."""
     env = {**clean_env(2), "GLM_FORCE_COLLECTIVES": "1"}
-    proc = subprocess.run([sys.executable, "-c", COUNT_SCRIPT, TINY, *FAST, f"data.shards_dir={shards_dir}",
-                           f"train.out_dir={tmp_path}", "train.grad_accum_steps=4", "train.max_steps=3"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            COUNT_SCRIPT,
+            TINY,
+            *FAST,
+            f"data.shards_dir={shards_dir}",
+            f"train.out_dir={tmp_path}",
+            "train.grad_accum_steps=4",
+            "train.max_steps=3",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     per_step = json.loads(proc.stdout.split("CALLS", 1)[1])
     assert per_step == [["all_reduce"]] * 3, per_step

@@ -17,6 +17,7 @@ its hash), the top-level JSON files, ``shards/rank*.fp32.safetensors`` (and ``.b
 shard index ``shards/rank*.json`` -- and leaves out the optimizer moments
 (``shards/rank*.exp_avg*.safetensors``) and the RNG states (``rng/``), which only a resume reads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,8 +62,10 @@ def family_outputs(family: str, model: torch.nn.Module) -> dict[str, torch.Tenso
             return {k: v for k, v in out.items()}
         if family == "electra":
             ids = fixed_ids(cfg.vocab_size)
-            return {"disc_logits": model.discriminator(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"],
-                    "gen_logits": model.generator(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"]}
+            return {
+                "disc_logits": model.discriminator(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"],
+                "gen_logits": model.generator(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"],
+            }
         if family in ("t5", "bart"):
             return {"logits": model(fixed_ids(cfg.vocab_size), fixed_ids(cfg.vocab_size, 5, offset=3))["logits"]}
         if family == "xlnet":
@@ -93,8 +96,12 @@ def family_outputs(family: str, model: torch.nn.Module) -> dict[str, torch.Tenso
 def summary(t: torch.Tensor) -> dict:
     """A handful of numbers of one output: its shape, its first values, its sum and sum of magnitudes."""
     flat = t.detach().double().flatten()
-    return {"shape": list(t.shape), "first": [round(v, 6) for v in flat[:6].tolist()],
-            "sum": round(flat.sum().item(), 6), "abs_sum": round(flat.abs().sum().item(), 6)}
+    return {
+        "shape": list(t.shape),
+        "first": [round(v, 6) for v in flat[:6].tolist()],
+        "sum": round(flat.sum().item(), 6),
+        "abs_sum": round(flat.abs().sum().item(), 6),
+    }
 
 
 def load(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
@@ -131,8 +138,9 @@ def test_checkpoint_loads_and_gives_the_recorded_outputs(folder: Path):
     model, meta = load(ckpt)
     assert meta["model_family"] == folder.name == expected["family"]
     assert meta["step"] == expected["step"]
-    assert dataclasses.asdict(model.cfg) == dataclasses.asdict(model_config_from_dict(folder.name,
-                                                                                      meta["model_config"]))
+    assert dataclasses.asdict(model.cfg) == dataclasses.asdict(
+        model_config_from_dict(folder.name, meta["model_config"])
+    )
     assert sum(p.numel() for p in model.parameters()) == expected["parameters"]
     assert all(p.dtype == torch.float32 for p in model.parameters())
     outputs = family_outputs(folder.name, model)
@@ -140,8 +148,13 @@ def test_checkpoint_loads_and_gives_the_recorded_outputs(folder: Path):
     for name, want in expected["outputs"].items():
         got = summary(outputs[name])
         assert got["shape"] == want["shape"], name
-        torch.testing.assert_close(torch.tensor(got["first"]), torch.tensor(want["first"]), rtol=RTOL, atol=ATOL,
-                                   msg=lambda m: f"{folder.name} {name}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(got["first"]),
+            torch.tensor(want["first"]),
+            rtol=RTOL,
+            atol=ATOL,
+            msg=lambda m: f"{folder.name} {name}: {m}",
+        )
         scale = max(1.0, want["abs_sum"])
         assert abs(got["sum"] - want["sum"]) <= RTOL * scale, (name, got, want)
         assert abs(got["abs_sum"] - want["abs_sum"]) <= RTOL * scale, (name, got, want)

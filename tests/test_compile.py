@@ -3,6 +3,7 @@ fallback to eager), gives the eager numbers, with activation checkpointing, ZeRO
 ZeRO-3 and tensor parallelism are refused. The tests compile with the aot_eager backend (dynamo's
 capture and AOT autograd, no kernel generation: seconds instead of minutes on 2 cores);
 bench/train_throughput.py --compile times inductor."""
+
 from __future__ import annotations
 
 import subprocess
@@ -54,9 +55,17 @@ def test_blocks_run_compiled_without_graph_breaks_and_match_eager(checkpointing)
     assert list(compiled.state_dict()) == list(eager.state_dict())  # names DeepSpeed and checkpoints see
 
 
-@pytest.mark.parametrize("family,flavor,blocks", [("gpt", "tiny", 4), ("bert", "bert-tiny", 2),
-                                                  ("albert", "albert-tiny", 1), ("electra", "electra-tiny", 4),
-                                                  ("t5", "t5-tiny", 4), ("bart", "bart-tiny", 4)])
+@pytest.mark.parametrize(
+    "family,flavor,blocks",
+    [
+        ("gpt", "tiny", 4),
+        ("bert", "bert-tiny", 2),
+        ("albert", "albert-tiny", 1),
+        ("electra", "electra-tiny", 4),
+        ("t5", "t5-tiny", 4),
+        ("bart", "bart-tiny", 4),
+    ],
+)
 def test_blocks_are_the_outermost_module_lists_each_once(family, flavor, blocks):
     with torch.device("meta"):
         model = build_model(family, resolve_model_config(family, flavor))
@@ -93,11 +102,28 @@ def _fit(args: list[str], out_dir, nproc: int = 1) -> tuple[list[float], list[di
     """(train losses, each rank's dynamo counters) of a 3-step run of ``FIT_SCRIPT``."""
     script = out_dir.parent / "fit.py"
     script.write_text(FIT_SCRIPT)
-    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                  f"--nproc_per_node={nproc}"]
-    proc = subprocess.run([*launch, str(script), TINY, *FAST, f"train.out_dir={out_dir}", "train.max_steps=3",
-                           "train.grad_accum_steps=2", *args], cwd=ROOT, env=clean_env(max(1, 2 // nproc)),
-                          capture_output=True, text=True, timeout=600)
+    launch = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    )
+    proc = subprocess.run(
+        [
+            *launch,
+            str(script),
+            TINY,
+            *FAST,
+            f"train.out_dir={out_dir}",
+            "train.max_steps=3",
+            "train.grad_accum_steps=2",
+            *args,
+        ],
+        cwd=ROOT,
+        env=clean_env(max(1, 2 // nproc)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = tagged_json(proc.stdout, "RESULT")
     return train_losses(out_dir), results

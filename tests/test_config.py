@@ -1,4 +1,5 @@
 """Config tree: inheritance, overrides, strictness, cross-field checks, DeepSpeed JSON."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,16 +59,22 @@ def test_missing_base_file_is_reported(tmp_path):
 
 def test_heads_must_divide_width_with_numbers_and_source():
     cfg = load_config(TINY, ["model.n_head=5"])
-    with pytest.raises(ConfigError, match=r"n_head=5 must divide model.d_model=128 \(d_model / n_head = 25.60; "
-                                          r"set in <command line>, flavor 'tiny'\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"n_head=5 must divide model.d_model=128 \(d_model / n_head = 25.60; "
+        r"set in <command line>, flavor 'tiny'\)",
+    ):
         validate(cfg)
 
 
 def test_global_batch_must_equal_micro_times_accum_times_data_parallel():
     cfg = load_config(TINY, ["train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=2"])
     validate(cfg, world_size=4)
-    with pytest.raises(ConfigError, match=r"global_batch_size=64 .* != micro_batch_size 8 x grad_accum_steps 2 x "
-                                          r"data-parallel size 2 = 32; change grad_accum_steps to 4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"global_batch_size=64 .* != micro_batch_size 8 x grad_accum_steps 2 x "
+        r"data-parallel size 2 = 32; change grad_accum_steps to 4",
+    ):
         validate(cfg, world_size=2)
 
 
@@ -81,8 +88,16 @@ def test_other_cross_field_checks():
 
 
 def test_deepspeed_json_is_derived_from_the_tree():
-    cfg = load_config(TINY, ["train.micro_batch_size=4", "train.grad_accum_steps=3", "parallel.zero_stage=3",
-                             "train.precision=bf16", "train.grad_clip=0.5"])
+    cfg = load_config(
+        TINY,
+        [
+            "train.micro_batch_size=4",
+            "train.grad_accum_steps=3",
+            "parallel.zero_stage=3",
+            "train.precision=bf16",
+            "train.grad_clip=0.5",
+        ],
+    )
     ds = deepspeed_config(cfg, dp_size=2)
     assert ds["train_batch_size"] == 24 and ds["gradient_accumulation_steps"] == 3
     assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] and ds["gradient_clipping"] == 0.5
@@ -154,8 +169,14 @@ def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively():
     from tests.conftest import ROOT, clean_env
 
     def resolve(**env):
-        proc = subprocess.run([sys.executable, "-c", AUTO, TINY], cwd=ROOT, env=clean_env() | env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", AUTO, TINY],
+            cwd=ROOT,
+            env=clean_env() | env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -4,6 +4,7 @@ resume, the model (the released MT-LSTM's 3.61M on the meta device, padding neve
 outputs, incremental decoding equal to teacher forcing), training on two ZeRO-2 ranks equal to one
 process with exact resume on another layout, glm eval's perplexity and BLEU, feature export, the
 downstream classifier on WordNet glosses, and the layouts and recipes it refuses or plans."""
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,23 @@ COVE = str(ROOT / "configs/experiments/cove-tiny-cpu.yaml")
 # share messages ("invalid option" and the like): ~4.4k pairs.
 CATALOGS = ("coreutils", "tar", "findutils", "diffutils", "grep", "sed", "bash", "iso_639-2", "iso_639", "iso_3166-1")
 GERMAN = [p for p in catalog_paths("de") if os.path.basename(p)[:-3] in CATALOGS]
-pytestmark = pytest.mark.skipif(len(GERMAN) < 8, reason="the German catalogs of coreutils, tar, ... and iso-codes "
-                                                        "are not in /usr/share/locale/de (launch/setup_env.sh)")
-QUICK = ["logging.wandb=false", "logging.progress=false", "train.plot=false", "train.eval_interval=0",
-         "train.save_interval=0", "train.warmup_steps=0", "train.schedule=constant", "train.eval_batches=2",
-         "train.micro_batch_size=8", "data.seq_len=16"]
+pytestmark = pytest.mark.skipif(
+    len(GERMAN) < 8,
+    reason="the German catalogs of coreutils, tar, ... and iso-codes "
+    "are not in /usr/share/locale/de (launch/setup_env.sh)",
+)
+QUICK = [
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "train.eval_interval=0",
+    "train.save_interval=0",
+    "train.warmup_steps=0",
+    "train.schedule=constant",
+    "train.eval_batches=2",
+    "train.micro_batch_size=8",
+    "data.seq_len=16",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +62,16 @@ def pairs(tmp_path_factory) -> tuple[str, dict]:
 @pytest.fixture(scope="module")
 def pair_set(pairs, glove_text, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("pair-set"))
-    prepare_pairs(PairSpec(source=pairs[0], out_dir=out, vectors=glove_text, vocab_size=3000, target_vocab_size=4096,
-                           shard_max_bytes=64 * 1024))
+    prepare_pairs(
+        PairSpec(
+            source=pairs[0],
+            out_dir=out,
+            vectors=glove_text,
+            vocab_size=3000,
+            target_vocab_size=4096,
+            shard_max_bytes=64 * 1024,
+        )
+    )
     return out
 
 
@@ -77,9 +98,9 @@ def test_pair_set_reads_glove_words_as_its_source_vocabulary(pair_set, glove_tex
     manifest = read_manifest(pair_set)
     words, vectors = read_text(glove_text)
     src = manifest["tokenizer"]["special_ids"]["words"]
-    assert src[:4] == ["<pad>", "<unk>", "<bos>", "<eos>"] and src[4:] == words[:len(src) - 4]
+    assert src[:4] == ["<pad>", "<unk>", "<bos>", "<eos>"] and src[4:] == words[: len(src) - 4]
     table = np.load(f"{pair_set}/source_vectors.npy")
-    assert (table[:4] == 0).all() and np.array_equal(table[4:], vectors[:len(src) - 4])
+    assert (table[:4] == 0).all() and np.array_equal(table[4:], vectors[: len(src) - 4])
     assert manifest["target_tokenizer"]["special_ids"]["all_specials"] == [0, 1, 2, 3]
     assert 0 < manifest["source"]["source_unknown_rate"] < 0.5
     tgt = manifest["target_tokenizer"]["special_ids"]["words"]
@@ -88,7 +109,7 @@ def test_pair_set_reads_glove_words_as_its_source_vocabulary(pair_set, glove_tex
     assert len(docs) == len(refs) > 100 and docs[0].tokens.dtype == PAIR_TOKEN
     first = docs[0].tokens
     side = first["side"] == TARGET
-    assert side.any() and (~side).any() and not side[:int((~side).sum())].any()  # the source, then the target
+    assert side.any() and (~side).any() and not side[: int((~side).sum())].any()  # the source, then the target
     german = refs[0]["target"].lower()
     assert all(tgt[t] in german for t in first["token"][side] if t > 3)
 
@@ -139,9 +160,9 @@ def test_padding_never_changes_a_pairs_outputs(pair_set):
     states = model.encoder_states(ids, mask)
     for b in range(3):
         n = int(mask[b].sum())
-        alone = model(ids[b:b + 1, :n], dec[b:b + 1])["logits"]
-        assert torch.allclose(alone, logits[b:b + 1], atol=1e-5)
-        alone_states = model.encoder_states(ids[b:b + 1, :n])
+        alone = model(ids[b : b + 1, :n], dec[b : b + 1])["logits"]
+        assert torch.allclose(alone, logits[b : b + 1], atol=1e-5)
+        alone_states = model.encoder_states(ids[b : b + 1, :n])
         assert all(torch.allclose(a[0], s[b, :n], atol=1e-5) for a, s in zip(alone_states, states))
     assert states[0].abs().sum() > 0  # the GloVe table was filled
 
@@ -152,28 +173,55 @@ def test_incremental_decoding_is_teacher_forcing(pair_set):
     greedy = generate(model, ids, GenerationConfig(max_new_tokens=7), attention_mask=mask, start_id=2)
     forced = model(ids, greedy[:, :-1], attention_mask=mask)["logits"].argmax(-1)
     assert greedy.shape == (2, 8) and torch.equal(forced, greedy[:, 1:])
-    beam = generate(model, ids, GenerationConfig(max_new_tokens=7, strategy="beam", num_beams=3, eos_id=3),
-                    attention_mask=mask, start_id=2)
+    beam = generate(
+        model,
+        ids,
+        GenerationConfig(max_new_tokens=7, strategy="beam", num_beams=3, eos_id=3),
+        attention_mask=mask,
+        start_id=2,
+    )
     assert (beam[:, 0] == 2).all() and beam.shape[1] <= 9
 
 
 @pytest.mark.slow
 def test_zero2_on_two_ranks_matches_one_process_resumes_exactly_and_evaluates(pair_set, tmp_path):
-    run = [*QUICK, f"data.shards_dir={pair_set}", "model.vocab_size=3000", "train.max_steps=6", "train.lr=3e-3",
-           "train.global_batch_size=16", "model.dropout=0.0"]
+    run = [
+        *QUICK,
+        f"data.shards_dir={pair_set}",
+        "model.vocab_size=3000",
+        "train.max_steps=6",
+        "train.lr=3e-3",
+        "train.global_batch_size=16",
+        "model.dropout=0.0",
+    ]
     one, split = tmp_path / "one", tmp_path / "split"
     run_glm(["train", "-c", COVE, *run, f"train.out_dir={one}", "train.grad_accum_steps=2", "parallel.zero_stage=0"])
-    run_glm(["train", "-c", COVE, *run, f"train.out_dir={split}", "parallel.zero_stage=2", "train.stop_at_step=3",
-             "train.save_interval=3"], nproc=2)
+    run_glm(
+        [
+            "train",
+            "-c",
+            COVE,
+            *run,
+            f"train.out_dir={split}",
+            "parallel.zero_stage=2",
+            "train.stop_at_step=3",
+            "train.save_interval=3",
+        ],
+        nproc=2,
+    )
     run_glm(["train", "-c", COVE, *run, f"train.out_dir={split}", "parallel.zero_stage=2", "train.grad_accum_steps=2"])
     reference, resumed = train_losses(one), train_losses(split)
-    print("one process:", [round(x, 5) for x in reference], "\ntwo ranks, ZeRO-2, resumed at 3 on one:",
-          [round(x, 5) for x in resumed])
+    print(
+        "one process:",
+        [round(x, 5) for x in reference],
+        "\ntwo ranks, ZeRO-2, resumed at 3 on one:",
+        [round(x, 5) for x in resumed],
+    )
     assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference, resumed)) < 1e-4, (reference, resumed)
     assert reference[-1] < reference[0] - 0.5
     ckpt = one / "checkpoints/step_00000006"
     ev = run_glm(["eval", "-c", COVE, *run, "--checkpoint", str(ckpt)])
-    metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
+    metrics = json.loads(ev.stdout[ev.stdout.index("{") :])
     assert metrics["perplexity"] < 4096 and metrics["bleu_pairs"] == 16 and 0 <= metrics["bleu_beam"] <= 100
     assert metrics["examples"][0]["reference"] == rows(f"{pair_set}/validation-pairs.jsonl")[0]["target"]
     out = tmp_path / "features.npz"
@@ -196,11 +244,23 @@ def test_a_maxpool_classifier_over_glove_beats_the_majority_class_on_wordnet_glo
     train, valid, test = sample(splits["train"], 2000), sample(splits["valid"], 400), sample(splits["test"], 500)
     labels = sorted({r["label"] for r in splits["train"]})
     tok = Tokenizer.from_file(f"{pair_set}/tokenizer.json")
-    result = fit_classifier(CoVeEmbedder(tiny(pair_set), glove_only=True), tok, train, valid, test, labels=labels,
-                            epochs=3, d_hidden=32, max_len=16, lr=3e-3)
+    result = fit_classifier(
+        CoVeEmbedder(tiny(pair_set), glove_only=True),
+        tok,
+        train,
+        valid,
+        test,
+        labels=labels,
+        epochs=3,
+        d_hidden=32,
+        max_len=16,
+        lr=3e-3,
+    )
     baseline = majority_accuracy(train, test)
-    print(f"WordNet gloss -> lexicographer file, 2000 training rows, GloVe only: {result['test_accuracy']:.3f} "
-          f"(majority {baseline:.3f})")
+    print(
+        f"WordNet gloss -> lexicographer file, 2000 training rows, GloVe only: {result['test_accuracy']:.3f} "
+        f"(majority {baseline:.3f})"
+    )
     assert len(labels) == 45 and result["test_accuracy"] > baseline + 0.03, (result, baseline)
 
 
@@ -228,15 +288,27 @@ CVT_MT = str(ROOT / "configs/experiments/cvt-translation-tiny-cpu.yaml")
 @pytest.fixture(scope="module")
 def semi_set(pairs, glove_text, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("semi-set"))
-    prepare_pairs(PairSpec(source=pairs[0], out_dir=out, vectors=glove_text, vocab_size=3000, target_vocab_size=4096,
-                           shard_max_bytes=64 * 1024, labelled_pairs=300))
+    prepare_pairs(
+        PairSpec(
+            source=pairs[0],
+            out_dir=out,
+            vectors=glove_text,
+            vocab_size=3000,
+            target_vocab_size=4096,
+            shard_max_bytes=64 * 1024,
+            labelled_pairs=300,
+        )
+    )
     return out
 
 
 def documents(shards_dir: str, split: str) -> list[tuple[str, np.ndarray]]:
     manifest = read_manifest(shards_dir)
-    return [(doc.key, doc.tokens) for info in manifest["splits"][split]
-            for doc in read_shard(f"{shards_dir}/{info['name']}")]
+    return [
+        (doc.key, doc.tokens)
+        for info in manifest["splits"][split]
+        for doc in read_shard(f"{shards_dir}/{info['name']}")
+    ]
 
 
 def test_a_semi_supervised_pair_set_keeps_the_targets_of_the_labelled_pairs_only(pair_set, semi_set):
@@ -274,36 +346,68 @@ def test_the_auxiliary_decoders_learn_the_primarys_beam_output_and_never_update_
     assert all(grads[n] is not None and grads[n].abs().sum() > 0 for n in shared), shared
     # the targets: the beam translation of the model without dropout, cut after its first <eos>
     model.zero_grad()
-    seq = generate(model.eval(), batch["input_ids"], GenerationConfig(max_new_tokens=12, strategy="beam", num_beams=3,
-                                                                      eos_id=3), attention_mask=batch["attention_mask"],
-                   start_id=2)
+    seq = generate(
+        model.eval(),
+        batch["input_ids"],
+        GenerationConfig(max_new_tokens=12, strategy="beam", num_beams=3, eos_id=3),
+        attention_mask=batch["attention_mask"],
+        start_id=2,
+    )
     inputs, labels = teacher_targets(seq, eos=3)
     views = model(batch["input_ids"], inputs, attention_mask=batch["attention_mask"], mode="student")["auxiliary"]
     real = labels != -100
     assert ((labels == 3).sum(1) <= 1).all() and torch.equal(real.sum(1), real.cumprod(1).sum(1))  # a prefix per row
     nll = torch.nn.functional.cross_entropy
-    want = nll(views["attention_dropout"][real], labels[real]) + \
-        nll(views["future"][:, :-1][real[:, 1:]], labels[:, 1:][real[:, 1:]])  # the future view scores y_{t+1} at t
+    want = nll(views["attention_dropout"][real], labels[real]) + nll(
+        views["future"][:, :-1][real[:, 1:]], labels[:, 1:][real[:, 1:]]
+    )  # the future view scores y_{t+1} at t
     got, _ = CVT_TRANSLATION.loss(model, batch, metrics=False)  # eval mode: no dropout, the same targets
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
 
 
 def test_cvt_translation_on_two_zero2_ranks_matches_one_process_and_resumes_exactly_under_zero3(semi_set, tmp_path):
-    run = [*QUICK, f"data.shards_dir={semi_set}", "model.vocab_size=3000", "train.max_steps=6", "train.lr=3e-3",
-           "train.global_batch_size=16", "model.dropout=0.0", "model.cvt_attention_dropout=0.0", "model.cvt_beam=2"]
+    run = [
+        *QUICK,
+        f"data.shards_dir={semi_set}",
+        "model.vocab_size=3000",
+        "train.max_steps=6",
+        "train.lr=3e-3",
+        "train.global_batch_size=16",
+        "model.dropout=0.0",
+        "model.cvt_attention_dropout=0.0",
+        "model.cvt_beam=2",
+    ]
     one, split = tmp_path / "one", tmp_path / "split"
     run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={one}", "train.grad_accum_steps=2", "parallel.zero_stage=0"])
-    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=2", "train.stop_at_step=3",
-             "train.save_interval=3"], nproc=2)
+    run_glm(
+        [
+            "train",
+            "-c",
+            CVT_MT,
+            *run,
+            f"train.out_dir={split}",
+            "parallel.zero_stage=2",
+            "train.stop_at_step=3",
+            "train.save_interval=3",
+        ],
+        nproc=2,
+    )
     # resumed on one process with ZeRO-3 (the teacher decodes outside the engine's forward: its modules' hooks
     # gather their partitions)
-    run_glm(["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=3",
-             "train.grad_accum_steps=2"])
+    run_glm(
+        ["train", "-c", CVT_MT, *run, f"train.out_dir={split}", "parallel.zero_stage=3", "train.grad_accum_steps=2"]
+    )
     reference, resumed = train_losses(one), train_losses(split)
-    print("CVT translation, one process:", [round(x, 5) for x in reference],
-          "\ntwo ranks, ZeRO-2, resumed at 3 on one with ZeRO-3:", [round(x, 5) for x in resumed])
-    assert (len(resumed) == 6
-            and max(abs(a - b) for a, b in zip(reference[:3], resumed[:3])) < 1e-4), (reference, resumed)
+    print(
+        "CVT translation, one process:",
+        [round(x, 5) for x in reference],
+        "\ntwo ranks, ZeRO-2, resumed at 3 on one with ZeRO-3:",
+        [round(x, 5) for x in resumed],
+    )
+    assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference[:3], resumed[:3])) < 1e-4, (
+        reference,
+        resumed,
+    )
     # After the resume, ZeRO-3 sums in another order (1e-6 apart): the labelled steps agree to 1e-4, but one
     # hypothesis of the teacher's beam search may flip, which moves an unlabelled step's loss (measured once:
     # step 6, 17.03 against 16.90). They agree to 2%.
@@ -312,13 +416,24 @@ def test_cvt_translation_on_two_zero2_ranks_matches_one_process_and_resumes_exac
     labelled, unlabelled = reference[0::2], reference[1::2]  # steps 1, 3, 5: pairs; 2, 4, 6: the views' loss
     assert labelled[-1] < labelled[0] and unlabelled[-1] < unlabelled[0]  # the primary and the views learn
     ev = run_glm(["eval", "-c", CVT_MT, *run, "--checkpoint", str(one / "checkpoints/step_00000006")])
-    metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
+    metrics = json.loads(ev.stdout[ev.stdout.index("{") :])
     assert metrics["perplexity"] < 4096 and metrics["bleu_pairs"] == 16
 
 
 def test_cvt_translation_needs_the_auxiliary_decoders_and_a_semi_supervised_set(pair_set, tmp_path):
     with pytest.raises(ConfigError, match="model.cvt_decoders=true"):
         validate(load_config(CVT_MT, ["model.cvt_decoders=false"]), world_size=1)
-    proc = run_glm(["train", "-c", CVT_MT, *QUICK, f"data.shards_dir={pair_set}", "model.vocab_size=3000",
-                    "train.max_steps=2", f"train.out_dir={tmp_path}"], check=False)
+    proc = run_glm(
+        [
+            "train",
+            "-c",
+            CVT_MT,
+            *QUICK,
+            f"data.shards_dir={pair_set}",
+            "model.vocab_size=3000",
+            "train.max_steps=2",
+            f"train.out_dir={tmp_path}",
+        ],
+        check=False,
+    )
     assert proc.returncode == 2 and "data.labelled_pairs" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,6 +1,7 @@
 """The crawl pipeline at cluster scale: connected components one partition per task (equal to the
 one-process components on generated graphs with planted clusters), per-task memory in the markers,
 the filter steps as a list built from the recipe, and data_pipeline standing below glm_dist."""
+
 from __future__ import annotations
 
 import ast
@@ -29,20 +30,26 @@ def planted_clusters(n: int, files: int, seed: int) -> tuple[np.ndarray, np.ndar
     order = rng.permutation(n)
     chain = order[:2000]  # diameter 1999: the rounds' worst case here
     sizes = np.minimum(200, 2 + rng.pareto(1.5, n // 2)).astype(np.int64)
-    sizes = sizes[:np.searchsorted(np.cumsum(sizes), n // 2 - len(chain)) + 1]  # clusters up to n / 2 members
-    members = order[len(chain):len(chain) + sizes.sum()]
+    sizes = sizes[: np.searchsorted(np.cumsum(sizes), n // 2 - len(chain)) + 1]  # clusters up to n / 2 members
+    members = order[len(chain) : len(chain) + sizes.sum()]
     cluster = np.repeat(np.arange(len(sizes)), sizes)
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]])[cluster]  # each member's cluster's first position
     hubs = members[first + (rng.random(len(members)) * sizes[cluster]).astype(np.int64)]  # several stars per cluster
     linked = (cluster[1:] == cluster[:-1]) & (rng.random(len(members) - 1) < 0.3)
-    dense = np.concatenate([np.stack([chain[:-1], chain[1:]], axis=1), np.stack([hubs, members], axis=1),
-                            np.stack([members[:-1], members[1:]], axis=1)[linked]])
+    dense = np.concatenate(
+        [
+            np.stack([chain[:-1], chain[1:]], axis=1),
+            np.stack([hubs, members], axis=1),
+            np.stack([members[:-1], members[1:]], axis=1)[linked],
+        ]
+    )
     dense = dense[dense[:, 0] != dense[:, 1]]
     return ids, ids[dense]
 
 
-def connected_by_rounds(tmp_path: Path, ids: np.ndarray, pairs: np.ndarray, files: int, parts: int,
-                        workers: int) -> tuple[np.ndarray, ComponentsJob]:
+def connected_by_rounds(
+    tmp_path: Path, ids: np.ndarray, pairs: np.ndarray, files: int, parts: int, workers: int
+) -> tuple[np.ndarray, ComponentsJob]:
     """Route the pairs as the buckets stage does (4 producers, both directions), run the rounds with
     the local executor, and read back each document's label (its component's first document)."""
     work = Storage(str(tmp_path / "work"))
@@ -108,10 +115,18 @@ def test_data_pipeline_does_not_import_glm_dist():
     offenders = []
     for path in sorted((ROOT / "data_pipeline").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
-                          if name == "glm_dist" or name.startswith("glm_dist.")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                for name in names
+                if name == "glm_dist" or name.startswith("glm_dist.")
+            ]
     assert not offenders, "data_pipeline must not import glm_dist (arrows point down):\n" + "\n".join(offenders)
 
 

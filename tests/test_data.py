@@ -1,4 +1,5 @@
 """Token shards and the CLM loader: determinism, exact and elastic resume, bad input."""
+
 from __future__ import annotations
 
 import gzip
@@ -105,7 +106,7 @@ def test_resume_across_an_epoch_boundary(shards_dir):
     resumed.load_state_dict(first.state_dict())
     tail = steps(resumed, 3)
     assert resumed.epoch == 1
-    for got, want in zip(tail, straight[epoch_steps - 1:]):
+    for got, want in zip(tail, straight[epoch_steps - 1 :]):
         assert all(torch.equal(x, y) for x, y in zip(got, want))
 
 
@@ -137,8 +138,10 @@ def test_elastic_resume_from_two_ranks_to_three_continues_the_global_order(shard
 
 
 def test_validation_batches_give_every_rank_the_same_count(shards_dir):
-    per_rank = [validation_batches(shards_dir, seq_len=32, micro_batch_size=2, num_batches=5, dp_rank=r, dp_size=3)
-                for r in range(3)]
+    per_rank = [
+        validation_batches(shards_dir, seq_len=32, micro_batch_size=2, num_batches=5, dp_rank=r, dp_size=3)
+        for r in range(3)
+    ]
     assert {len(p) for p in per_rank} == {2}
     assert sum(w for p in per_rank for _, w in p) == 5
 
@@ -157,8 +160,11 @@ def test_corrupt_shard_is_skipped_counted_and_named(shards_dir, tmp_path):
     for ld in ranks:
         ld.next_step()
         assert [reason for reason in ld.skipped if victim in reason] == [f"unreadable_shard:{broken / victim}"]
-    assert ranks[0].order.num_docs == ranks[1].order.num_docs == sum(
-        s["num_samples"] for s in read_manifest(str(broken))["splits"]["train"]) - info["num_samples"]
+    assert (
+        ranks[0].order.num_docs
+        == ranks[1].order.num_docs
+        == sum(s["num_samples"] for s in read_manifest(str(broken))["splits"]["train"]) - info["num_samples"]
+    )
 
 
 def test_missing_manifest_says_how_to_build_it(tmp_path):
@@ -191,13 +197,19 @@ def test_the_embedded_corpus_is_the_same_from_any_checkout(tmp_path):
 
     from tests.conftest import ROOT
 
-    script = ("import hashlib, json; from data_pipeline.embedded import embedded_documents; "
-              "print(hashlib.sha256(''.join(json.dumps(d) for d in embedded_documents()).encode()).hexdigest())")
+    script = (
+        "import hashlib, json; from data_pipeline.embedded import embedded_documents; "
+        "print(hashlib.sha256(''.join(json.dumps(d) for d in embedded_documents()).encode()).hexdigest())"
+    )
     copy = tmp_path / "elsewhere"
     shutil.copytree(ROOT / "data_pipeline", copy / "data_pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "glm_common", copy / "glm_common", ignore=shutil.ignore_patterns("__pycache__"))
-    digests = [subprocess.run([sys.executable, "-c", script], cwd=where, capture_output=True, text=True,
-                              check=True).stdout.strip() for where in (ROOT, copy)]
+    digests = [
+        subprocess.run(
+            [sys.executable, "-c", script], cwd=where, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for where in (ROOT, copy)
+    ]
     assert digests[0] == digests[1] and len(digests[0]) == 64
 
 
@@ -210,7 +222,8 @@ def _split_ids(out) -> dict[str, set[str]]:
         for shard in shards:
             with tarfile.open(out / shard["name"]) as tar:
                 ids.setdefault(split, set()).update(
-                    json.loads(tar.extractfile(m).read())["id"] for m in tar if m.name.endswith(".json"))
+                    json.loads(tar.extractfile(m).read())["id"] for m in tar if m.name.endswith(".json")
+                )
     return ids
 
 
@@ -221,8 +234,9 @@ def test_the_split_is_the_same_wherever_the_corpus_lies_and_follows_a_records_ow
         (where / "part").mkdir(parents=True)
         with gzip.open(where / "part/docs.jsonl.gz", "wt") as f:
             f.write("".join(json.dumps(r) + "\n" for r in records))
-        prepare_shards(source=str(where / "*/docs.jsonl.gz"), out_dir=str(where / "shards"), vocab_size=300,
-                       val_per_mille=300)
+        prepare_shards(
+            source=str(where / "*/docs.jsonl.gz"), out_dir=str(where / "shards"), vocab_size=300, val_per_mille=300
+        )
         splits.append(_split_ids(where / "shards"))
     assert splits[0] == splits[1] and all(splits[0].get(s) for s in ("train", "validation"))
     everything = splits[0]["train"] | splits[0]["validation"]

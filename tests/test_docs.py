@@ -6,6 +6,7 @@ its headings by its GitHub anchor. Every relative link in README.md and docs/ mu
 (and a heading, with ``#``). The design documents that used to live outside the repository are no
 longer cited by name. Pure text: no import of the library.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,11 @@ def source_files() -> list[Path]:
     found = []
     for folder, dirs, files in os.walk(ROOT):
         top = Path(folder) == ROOT
-        dirs[:] = sorted(d for d in dirs if not (d.startswith(".") or d in SKIP_ANYWHERE or d.endswith(".egg-info")
-                                                  or (top and d in SKIP_AT_ROOT)))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not (d.startswith(".") or d in SKIP_ANYWHERE or d.endswith(".egg-info") or (top and d in SKIP_AT_ROOT))
+        )
         found += [Path(folder) / f for f in sorted(files) if Path(f).suffix in SUFFIXES]
     return [p for p in found if p != Path(__file__).resolve()]
 
@@ -77,8 +81,10 @@ def citation_problems(text: str, where: str, docs: Path) -> list[str]:
         have = set(decision_numbers(target)) if target.is_file() else set()
         for number in map(int, re.findall(r"\d+", m.group(2))):
             if number not in have:
-                problems.append(f"{where}:{line_of(text, m.start())}: docs/{m.group(1)} has no heading "
-                                f"'{number}. ...' (decision {number})")
+                problems.append(
+                    f"{where}:{line_of(text, m.start())}: docs/{m.group(1)} has no heading "
+                    f"'{number}. ...' (decision {number})"
+                )
     return problems
 
 
@@ -94,9 +100,11 @@ def test_every_citation_names_a_decision_or_section_of_a_file_in_docs():
 
 def test_a_missing_decision_or_section_is_reported():
     docs = ROOT / "docs"
-    text = ("x = 1  # docs/architecture.md, decision 999\n"
-            '"""(docs/architecture.md\ndecisions 5 and 998)"""\n'
-            "# docs/reference.md#no-such-section\n# docs/no-such-file.md\n")
+    text = (
+        "x = 1  # docs/architecture.md, decision 999\n"
+        '"""(docs/architecture.md\ndecisions 5 and 998)"""\n'
+        "# docs/reference.md#no-such-section\n# docs/no-such-file.md\n"
+    )
     problems = citation_problems(text, "f.py", docs)
     assert any("f.py:1:" in p and "decision 999" in p for p in problems), problems
     assert any("f.py:2:" in p and "decision 998" in p for p in problems), problems
@@ -137,8 +145,9 @@ def test_no_citation_of_the_documents_outside_the_repository_remains():
     found = []
     for path in source_files():
         text = path.read_text(encoding="utf-8", errors="replace")
-        found += [f"{path.relative_to(ROOT)}:{line_of(text, m.start())}: {m.group(0)}"
-                  for m in OLD_NAMES.finditer(text)]
+        found += [
+            f"{path.relative_to(ROOT)}:{line_of(text, m.start())}: {m.group(0)}" for m in OLD_NAMES.finditer(text)
+        ]
     assert not found, "cite docs/architecture.md or docs/reference.md instead:\n" + "\n".join(found)
 
 

@@ -3,6 +3,7 @@ count on the meta device, padding-invariance, each direction reads only its own 
 objective's windows, the scalar mix over a frozen biLM and feature export, pretraining on the embedded
 corpus with glm eval, ZeRO-2 on two processes equal to one and exact resume, and the layouts and
 recipes it refuses or plans."""
+
 from __future__ import annotations
 
 import itertools
@@ -26,9 +27,19 @@ from tests.conftest import ROOT, train_losses
 from tests.test_glove import glm as run_glm  # one thread per process
 
 ELMO = str(ROOT / "configs/experiments/elmo-tiny-cpu.yaml")
-QUICK = ["train.eval_interval=0", "train.eval_batches=4", "train.micro_batch_size=8", "data.seq_len=32",
-         "logging.wandb=false", "logging.progress=false", "train.plot=false", "train.precision=fp32",
-         "train.warmup_steps=4", "model.vocab_size=3000", "train.save_interval=0"]
+QUICK = [
+    "train.eval_interval=0",
+    "train.eval_batches=4",
+    "train.micro_batch_size=8",
+    "data.seq_len=32",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "train.precision=fp32",
+    "train.warmup_steps=4",
+    "model.vocab_size=3000",
+    "train.save_interval=0",
+]
 
 
 def tiny(**kw) -> ELMo:
@@ -107,8 +118,10 @@ def test_published_elmo_counts_93_6m_without_its_softmax():
     chars = sum(p.numel() for p in model.tokens.parameters())
     lstms = sum(p.numel() for lm in (model.forward_lm, model.backward_lm) for p in lm.parameters())
     n = model.num_params(softmax=False)
-    print(f"ELMo: char CNN + highway + projection {chars:,}, four LSTMP layers {lstms:,}, total {n:,} "
-          f"(softmax {model.num_params() - n:,} more)")
+    print(
+        f"ELMo: char CNN + highway + projection {chars:,}, four LSTMP layers {lstms:,}, total {n:,} "
+        f"(softmax {model.num_params() - n:,} more)"
+    )
     assert n == chars + lstms and abs(chars - 18.0e6) < 0.1e6 and abs(lstms - 75.6e6) < 0.1e6
     assert abs(n - 93.6e6) / 93.6e6 < 0.01
 
@@ -122,15 +135,15 @@ def test_padding_never_changes_a_sequences_outputs(char_cnn):
     table = torch.from_numpy(char_table([f"w{i}" for i in range(50)], pad=0, bos=2, eos=3).astype(np.int64))
     ids = torch.zeros(3, 7, dtype=torch.long)
     for b, s in enumerate(seqs):
-        ids[b, :len(s)] = s
+        ids[b, : len(s)] = s
     mask = (torch.arange(7)[None] < torch.tensor(lengths)[:, None]).long()
     with torch.no_grad():
         batch = model(ids, char_ids=table[ids], attention_mask=mask, layers=True)
         for b, s in enumerate(seqs):
             alone = model(s[None], char_ids=table[s[None]], layers=True)
             for key in ("forward_logits", "backward_logits"):
-                assert torch.allclose(batch[key][b, :len(s)], alone[key][0], atol=1e-5), (key, b)
-            assert torch.allclose(batch["layers"][:, b, :len(s)], alone["layers"][:, 0], atol=1e-5)
+                assert torch.allclose(batch[key][b, : len(s)], alone[key][0], atol=1e-5), (key, b)
+            assert torch.allclose(batch["layers"][:, b, : len(s)], alone["layers"][:, 0], atol=1e-5)
 
 
 def test_each_direction_reads_only_its_own_side():
@@ -151,8 +164,9 @@ def test_bilm_windows_give_every_input_its_next_and_previous_token(shards):
     first = loader.next_step()[0]
     ids = first["input_ids"]
     assert ids.shape == (4, 16) and first["char_ids"].shape == (4, 16, 50)
-    assert (torch.equal(first["forward_labels"][:, :-1], ids[:, 1:])
-            and torch.equal(first["backward_labels"][:, 1:], ids[:, :-1]))
+    assert torch.equal(first["forward_labels"][:, :-1], ids[:, 1:]) and torch.equal(
+        first["backward_labels"][:, 1:], ids[:, :-1]
+    )
     words = read_manifest(shards("word"))["tokenizer"]["special_ids"]
     table = torch.from_numpy(char_table(words["words"], pad=0, bos=2, eos=3).astype(np.int64))
     assert torch.equal(first["char_ids"], table[ids])
@@ -202,7 +216,7 @@ def args(shards_dir: str, out, *extra: str) -> list[str]:
 
 
 def summary(proc) -> dict:
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
 def unigram_entropy(shards_dir: str) -> float:
@@ -223,18 +237,30 @@ def test_tiny_elmo_pretrains_below_the_unigram_baseline_evaluates_and_exports_fe
     root, out = shards("word"), tmp_path / "run"
     # word embeddings as the token layer: the character CNN learns the words' identities first, which
     # takes more than a test's few hundred steps (elmo-tiny trains in the ZeRO-2 test below)
-    proc = run_glm(args(root, out, "model.flavor=elmo-tiny-words", "train.max_steps=300", "train.lr=1e-2",
-                        "train.warmup_steps=10", "train.eval_batches=8"))
+    proc = run_glm(
+        args(
+            root,
+            out,
+            "model.flavor=elmo-tiny-words",
+            "train.max_steps=300",
+            "train.lr=1e-2",
+            "train.warmup_steps=10",
+            "train.eval_batches=8",
+        )
+    )
     s = summary(proc)
     entropy = unigram_entropy(root)
-    print(f"ELMo tiny (word embeddings) after 300 steps: forward / backward / mean perplexity "
-          f"{s['val_forward_perplexity']:.1f} / "
-          f"{s['val_backward_perplexity']:.1f} / {s['val_perplexity']:.1f}; unigram {math.exp(entropy):.1f}")
+    print(
+        f"ELMo tiny (word embeddings) after 300 steps: forward / backward / mean perplexity "
+        f"{s['val_forward_perplexity']:.1f} / "
+        f"{s['val_backward_perplexity']:.1f} / {s['val_perplexity']:.1f}; unigram {math.exp(entropy):.1f}"
+    )
     assert s["val_forward_loss"] < entropy - 0.3 and s["val_backward_loss"] < entropy - 0.3, (s, entropy)
     ckpt = out / "checkpoints/step_00000300"
-    ev = run_glm(["eval", "-c", ELMO, *QUICK, "train.eval_batches=8", f"data.shards_dir={root}",
-                  "--checkpoint", str(ckpt)])
-    metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
+    ev = run_glm(
+        ["eval", "-c", ELMO, *QUICK, "train.eval_batches=8", f"data.shards_dir={root}", "--checkpoint", str(ckpt)]
+    )
+    metrics = json.loads(ev.stdout[ev.stdout.index("{") :])
     assert metrics["loss"] == pytest.approx(s["val_loss"], abs=1e-4)
     assert metrics["perplexity"] == pytest.approx((metrics["forward_perplexity"] + metrics["backward_perplexity"]) / 2)
     texts = ["Return the value of qwzxvy.", "Open a file"]
@@ -251,16 +277,28 @@ def test_tiny_elmo_pretrains_below_the_unigram_baseline_evaluates_and_exports_fe
 @pytest.mark.slow
 def test_zero2_on_two_ranks_matches_one_process_and_resumes_exactly_on_another_layout(shards, tmp_path):
     root = shards("word")
-    run = ["train.max_steps=6", "train.global_batch_size=8", "train.micro_batch_size=4", "train.optimizer=adagrad",
-           "train.lr=0.5", "train.adagrad_initial_accumulator=1.0", "train.schedule=constant", "train.warmup_steps=0"]
+    run = [
+        "train.max_steps=6",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=4",
+        "train.optimizer=adagrad",
+        "train.lr=0.5",
+        "train.adagrad_initial_accumulator=1.0",
+        "train.schedule=constant",
+        "train.warmup_steps=0",
+    ]
     one = tmp_path / "one"
     run_glm(args(root, one, *run, "train.grad_accum_steps=2", "parallel.zero_stage=0"))
     split = tmp_path / "split"  # two ranks with ZeRO-2 stopped after step 3, resumed on one process
     run_glm(args(root, split, *run, "parallel.zero_stage=2", "train.stop_at_step=3"), nproc=2)
     run_glm(args(root, split, *run, "parallel.zero_stage=2", "train.grad_accum_steps=2"))
     reference, resumed = train_losses(one), train_losses(split)
-    print("one process:", [round(x, 5) for x in reference], "\ntwo ranks, ZeRO-2, resumed at 3 on one:",
-          [round(x, 5) for x in resumed])
+    print(
+        "one process:",
+        [round(x, 5) for x in reference],
+        "\ntwo ranks, ZeRO-2, resumed at 3 on one:",
+        [round(x, 5) for x in resumed],
+    )
     assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference, resumed)) < 1e-4, (reference, resumed)
     assert reference[-1] < reference[0] - 0.3  # AdaGrad as bilm-tf (accumulator from 1.0) trains it
 

@@ -2,6 +2,7 @@
 entries, splits disjoint by lemma), the task model over a frozen biLM (no gradient reaches the biLM,
 the scalar mixes learn, precomputed layers give the same logits), ``glm features`` on a trained
 checkpoint, and a linear probe of real biLM vectors beating the majority class on part of speech."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,11 @@ def test_wordnet_sentences_locate_their_lemma_and_count_the_rest(wordnet_items):
     c = counts.as_dict()
     print("WordNet example sentences:", c)
     assert c["sentences"] == 48_339  # WordNet 3.0's quoted examples
-    assert sum(c["found"].values()) + c["not_found"] + c["multiword_only"] == c["sentences"] == c["items"] + \
-        c["not_found"] + c["multiword_only"]
+    assert (
+        sum(c["found"].values()) + c["not_found"] + c["multiword_only"]
+        == c["sentences"]
+        == c["items"] + c["not_found"] + c["multiword_only"]
+    )
     assert len(rows) == c["items"] and c["found"]["exception"] > 500 and c["found"]["rule"] > 3000
     assert c["not_found"] < 0.05 * c["sentences"]
     by_id, morphy = {r["id"]: r for r in rows}, Morphy()
@@ -113,8 +117,9 @@ def test_task_model_trains_the_mixes_and_never_the_frozen_bilm(wordnet_items, sh
     with torch.no_grad():
         live = model(batch["ids"], batch["mask"], batch["position"], bilm_inputs=bilm_inputs)
         cached = collate(sample, vocab, with_layers=True)
-        assert torch.allclose(live, model(cached["ids"], cached["mask"], cached["position"], layers=cached["layers"]),
-                              atol=1e-5)
+        assert torch.allclose(
+            live, model(cached["ids"], cached["mask"], cached["position"], layers=cached["layers"]), atol=1e-5
+        )
     info = fit(model, sample, sample, vocab, seed=0, min_steps=1, min_epochs=3)
     assert info["epochs"] == 3 and accuracy(model, sample, vocab) == info["valid_accuracy"]  # the best weights kept
 
@@ -128,24 +133,50 @@ def test_a_linear_probe_of_bilm_vectors_beats_the_majority_part_of_speech(wordne
     for r, f in zip(sample, feats):
         r["vector"] = f[1, r["position"]]
     parts = split(sample, seed=0, by="lemma")
-    data = {k: ProbeSplit(np.stack([r["vector"] for r in v]), np.array([POS.index(r["pos"]) for r in v]))
-            for k, v in parts.items()}
+    data = {
+        k: ProbeSplit(np.stack([r["vector"] for r in v]), np.array([POS.index(r["pos"]) for r in v]))
+        for k, v in parts.items()
+    }
     result = linear_probe(data["train"], data["valid"], data["test"], num_classes=4, seed=0, epochs=8)
     majority = majority_accuracy(data["train"], data["test"])
-    print(f"POS probe of LSTM 1 on {len(parts['test'])} held-out-lemma items: {result['test_accuracy']:.3f} "
-          f"(majority {majority:.3f})")
+    print(
+        f"POS probe of LSTM 1 on {len(parts['test'])} held-out-lemma items: {result['test_accuracy']:.3f} "
+        f"(majority {majority:.3f})"
+    )
     assert result["test_accuracy"] > majority + 0.1
 
 
 def test_glm_features_writes_a_checkpoints_layers(shards, tmp_path):
     root, out = shards("word"), tmp_path / "run"
-    run_glm(["train", "-c", ELMO, *QUICK, f"data.shards_dir={root}", f"train.out_dir={out}", "train.max_steps=2",
-             "train.save_interval=2", "train.warmup_steps=1"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            ELMO,
+            *QUICK,
+            f"data.shards_dir={root}",
+            f"train.out_dir={out}",
+            "train.max_steps=2",
+            "train.save_interval=2",
+            "train.warmup_steps=1",
+        ]
+    )
     ckpt = out / "checkpoints/step_00000002"
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"sentence": s}) + "\n" for s in ["He ran the dishwasher.", "Open a file"]))
-    proc = run_glm(["features", "--checkpoint", str(ckpt), "--input", str(texts), "--text-field", "sentence",
-                    "--out", str(tmp_path / "f.npz")])
+    proc = run_glm(
+        [
+            "features",
+            "--checkpoint",
+            str(ckpt),
+            "--input",
+            str(texts),
+            "--text-field",
+            "sentence",
+            "--out",
+            str(tmp_path / "f.npz"),
+        ]
+    )
     assert json.loads(proc.stdout) == {"out": str(tmp_path / "f.npz"), "texts": 2, "first_shape": [3, 5, 128]}
     saved = np.load(tmp_path / "f.npz")
     assert saved["1"].shape == (3, 3, 128) and np.isfinite(saved["0"]).all()

@@ -2,6 +2,7 @@
 gradients, in fp32, bf16 and under autocast; the compiled chunk kernel (the GPU's) equal to the eager
 chain, compiled here for the CPU; GPT's clm loss never makes the (tokens x vocab) logits; the memory
 it saves, measured, and counted by glm plan."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.objectives.registry import get_objective
 from glm_dist.ops import cross_entropy as ce_ops
-from glm_dist.ops.cross_entropy import (CHUNK_BYTES_PER_LOGIT, cross_entropy, linear_cross_entropy, loss_logits_bytes,
-                                        vocab_padding)
+from glm_dist.ops.cross_entropy import (
+    CHUNK_BYTES_PER_LOGIT,
+    cross_entropy,
+    linear_cross_entropy,
+    loss_logits_bytes,
+    vocab_padding,
+)
 from glm_dist.parallel.plan import model_shape, plan
 from tests.conftest import ROOT, clean_env
 
@@ -195,9 +201,29 @@ def test_memory_saved_at_vocab_50257_is_measured_and_planned():
     """The bench beside the plain loss in one process (fp32, 2048 tokens of a 50257 vocabulary):
     the plain loss holds several (tokens x vocab) fp32 tensors, the fused one a chunk of them, as
     the eager chain and as the compiled kernel."""
-    proc = subprocess.run([sys.executable, "bench/loss_memory.py", "--tokens", "2048", "--d-model", "64",
-                           "--chunk", "256", "--compiled", "--compiled-chunk", "256", "--dtype", "fp32", "--json"],
-                          cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/loss_memory.py",
+            "--tokens",
+            "2048",
+            "--d-model",
+            "64",
+            "--chunk",
+            "256",
+            "--compiled",
+            "--compiled-chunk",
+            "256",
+            "--dtype",
+            "fp32",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=clean_env(2),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout)
     logits_mib = 2048 * 50257 * 4 / 2**20  # 393 MiB

@@ -1,5 +1,6 @@
 """gettext catalogs as translation pairs (data_pipeline/readers/gettext.py), read from the German
 catalogs Debian installs in /usr/share/locale/de/LC_MESSAGES."""
+
 from __future__ import annotations
 
 import gettext
@@ -65,7 +66,7 @@ def test_po_source_catalogs_read_as_their_compiled_form_and_skip_fuzzy_obsolete_
     body[0] = "#, fuzzy, c-format\n" + body[0]  # a translator's unconfirmed guess
     body[1] = "\n".join("#~ " + line for line in body[1].splitlines())  # a message the program dropped
     lines = body[2].splitlines()  # an untranslated message: msgstr ""
-    body[2] = "\n".join(lines[:next(i for i, line in enumerate(lines) if line.startswith("msgstr"))]) + '\nmsgstr ""'
+    body[2] = "\n".join(lines[: next(i for i, line in enumerate(lines) if line.startswith("msgstr"))]) + '\nmsgstr ""'
     po.write_text("\n\n".join([header, *body]), encoding="utf-8")
     skipped = Counter()
     edited = [(s, t) for s, t, _ in read_catalog(str(po), skipped=skipped)]
@@ -85,6 +86,7 @@ def test_a_damaged_or_oversized_catalog_is_refused_and_counted(tmp_path):
     with pytest.raises(CatalogError, match="more than the 100 allowed"):
         list(read_catalog(GERMAN[0], max_bytes=100))
     skipped = Counter()
-    kept = list(read_catalogs([str(tmp_path / n) for n in ("cut.mo", "junk.mo", "bad.po")] + GERMAN[:1],
-                              skipped=skipped))
+    kept = list(
+        read_catalogs([str(tmp_path / n) for n in ("cut.mo", "junk.mo", "bad.po")] + GERMAN[:1], skipped=skipped)
+    )
     assert skipped["unreadable catalog: CatalogError"] == 3 and kept == list(read_catalog(GERMAN[0]))

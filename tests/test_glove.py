@@ -2,6 +2,7 @@
 triple stream resumes exactly and covers every count once per pass, the WordNet reader, and the
 tiny recipe end to end -- counts, training through the trainer, vectors in GloVe's text format whose
 WordNet synonyms are closer than random pairs (ROC AUC >= 0.6)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,9 +32,20 @@ WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lam mu".split()
 def glm(args: list[str], *, nproc: int = 1, threads: int = 1, check: bool = True) -> subprocess.CompletedProcess:
     """``glm ARGS`` with one thread per process: GloVe's small tensors lose more to a second
     thread's synchronisation on a busy 2-core machine than they gain."""
-    cmd = [sys.executable, "-m", "glm_dist.cli", *args] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
-        "glm_dist.cli", *args]
+    cmd = (
+        [sys.executable, "-m", "glm_dist.cli", *args]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "glm_dist.cli",
+            *args,
+        ]
+    )
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(threads), capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stderr[-6000:]}")
@@ -53,8 +65,14 @@ def small_tokens(tmp_path_factory) -> Path:
     docs = [" ".join(rng.choice(WORDS, size=rng.integers(1, 40)).tolist() + ["zzz"] * (i % 3)) for i in range(60)]
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     root = tmp_path_factory.mktemp("counts")
-    prepare_shards(source=str(corpus), out_dir=str(root / "a/tokens"), profile="word", vocab_size=12,
-                   shard_max_bytes=1024, workers=1)
+    prepare_shards(
+        source=str(corpus),
+        out_dir=str(root / "a/tokens"),
+        profile="word",
+        vocab_size=12,
+        shard_max_bytes=1024,
+        workers=1,
+    )
     return root
 
 
@@ -145,20 +163,26 @@ def test_glove_refuses_a_token_shard_set(small_tokens):
 
 
 def test_wordnet_reader_parses_the_database():
-    line = ('00001740 29 v 04 breathe 0 take_a_breath 0 respire 0 suspire 3 002 * 00005041 v 0000 + 03110323 a 0301 '
-            '02 + 02 00 + 08 00 | draw air into, and expel out of, the lungs; "I can breathe better"; "She respired"  ')
+    line = (
+        "00001740 29 v 04 breathe 0 take_a_breath 0 respire 0 suspire 3 002 * 00005041 v 0000 + 03110323 a 0301 "
+        '02 + 02 00 + 08 00 | draw air into, and expel out of, the lungs; "I can breathe better"; "She respired"  '
+    )
     s = wordnet.parse_line(line)
     assert s.lemmas == ("breathe", "take a breath", "respire", "suspire") and s.pos == "v"
     assert s.definition == "draw air into, and expel out of, the lungs"
     assert s.examples == ("I can breathe better", "She respired")
     assert [(p.symbol, p.offset, p.pos, p.source, p.target) for p in s.pointers] == [
-        ("*", 5041, "v", 0, 0), ("+", 3110323, "a", 3, 1)]
+        ("*", 5041, "v", 0, 0),
+        ("+", 3110323, "a", 3, 1),
+    ]
     counts = Counter(s.pos for s in wordnet.synsets())  # WordNet 3.0 (apt-get install wordnet-base)
     assert counts == {"n": 82115, "v": 13767, "a": 7463, "s": 10693, "r": 3621}
     assert wordnet.senses("v")[("breathe", "v")][0] == 1740
     assert ("begin", "start") in wordnet.synonym_pairs(["start", "begin", "car"], first_sense=True)
     assert wordnet.parse_line("02084071 05 n 02 dog 0 domestic_dog 0 000 | a member of the genus Canis").lemmas == (
-        "dog", "domestic dog")
+        "dog",
+        "domestic dog",
+    )
 
 
 def synonym_auc(words: list[str], vectors: np.ndarray) -> tuple[float, int]:
@@ -170,15 +194,18 @@ def synonym_auc(words: list[str], vectors: np.ndarray) -> tuple[float, int]:
     candidates = sorted({w for p in pairs for w in p})
     rng = np.random.default_rng(0)
     drawn = rng.choice(len(candidates), size=(20000, 2))
-    random_pairs = [(candidates[a], candidates[b]) for a, b in drawn
-                    if a != b and tuple(sorted((candidates[a], candidates[b]))) not in set(pairs)]
+    random_pairs = [
+        (candidates[a], candidates[b])
+        for a, b in drawn
+        if a != b and tuple(sorted((candidates[a], candidates[b]))) not in set(pairs)
+    ]
 
     def cosines(ps):
         return np.einsum("ij,ij->i", unit[[index[a] for a, _ in ps]], unit[[index[b] for _, b in ps]])
 
     syn, rand = cosines(pairs), cosines(random_pairs)
     ranks = np.concatenate([syn, rand]).argsort().argsort() + 1
-    return float((ranks[:len(syn)].sum() - len(syn) * (len(syn) + 1) / 2) / (len(syn) * len(rand))), len(pairs)
+    return float((ranks[: len(syn)].sum() - len(syn) * (len(syn) + 1) / 2) / (len(syn) * len(rand))), len(pairs)
 
 
 @pytest.mark.slow
@@ -189,14 +216,25 @@ def test_tiny_glove_recipe_trains_vectors_whose_synonyms_are_closer_than_random_
     # a glove config's tokenize: the same set
     again = glm(["data", "tokenize", "-c", GLOVE, f"data.shards_dir={counts}"])
     assert last_json(again.stdout) == made
-    proc = glm(["train", "-c", GLOVE, f"data.shards_dir={counts}", f"train.out_dir={out}", "logging.wandb=false",
-                "logging.progress=false", "train.plot=false"])
-    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    proc = glm(
+        [
+            "train",
+            "-c",
+            GLOVE,
+            f"data.shards_dir={counts}",
+            f"train.out_dir={out}",
+            "logging.wandb=false",
+            "logging.progress=false",
+            "train.plot=false",
+        ]
+    )
+    summary = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert summary["val_loss"] < 0.1 * summary["val_loss_before"], summary
     # a least-squares loss has no perplexity: the log reports the loss, never "perplexity nan"
     assert "validation loss: " in proc.stderr and not re.search(r"\bnan\b", proc.stderr, re.I), proc.stderr[-2000:]
-    vec = glm(["data", "vectors", "--checkpoint", str(out / "checkpoints/step_00001200"),
-               "--out", str(tmp_path / "v.txt")])
+    vec = glm(
+        ["data", "vectors", "--checkpoint", str(out / "checkpoints/step_00001200"), "--out", str(tmp_path / "v.txt")]
+    )
     exported = last_json(vec.stdout)
     assert exported["dim"] == 50
     words, vectors = read_text(str(tmp_path / "v.txt"))

@@ -4,6 +4,7 @@ each in the JSON; a run cut off by its time budget still reports what it finishe
 without the fallback asked for) it stops after saying so. Its parts: wheels for another Python are
 refused; the profile counts each GPU kernel once, by kind; device memory readings reach metrics.jsonl,
 the progress bar and W&B, and a CPU run has none."""
+
 from __future__ import annotations
 
 import json
@@ -28,11 +29,21 @@ STAGES = ["env", "setup", "unit", "quickstart", "resume", "resume_exact", "throu
 
 def _run(tmp_path, python: str = sys.executable, **env) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "out/gpu_check.json"
-    proc = subprocess.run(["bash", str(SCRIPT), "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env={**clean_env(2), "PYTHON": python,
-                                            "GLM_GPU_CHECK_WORK": str(tmp_path / "work"),
-                                            # not a wheelhouse/ a developer prepared for the GPU machine
-                                            "GLM_WHEELS_DIR": str(tmp_path / "wheels"), **env})
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **clean_env(2),
+            "PYTHON": python,
+            "GLM_GPU_CHECK_WORK": str(tmp_path / "work"),
+            # not a wheelhouse/ a developer prepared for the GPU machine
+            "GLM_WHEELS_DIR": str(tmp_path / "wheels"),
+            **env,
+        },
+    )
     return proc, json.loads(out.read_text())
 
 
@@ -46,8 +57,12 @@ def _venv_with_torch_in_its_own_site(root) -> str:
     A's own site-packages -- as on the GPU machine, where python3 is a venv holding torch."""
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin/python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     ours = sysconfig.get_paths()["purelib"]
     Path(purelib, "torch_env.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
     base = subprocess.run([sys._base_executable, "-c", "import torch"], capture_output=True)
@@ -96,7 +111,7 @@ def test_a_run_cut_off_by_its_budget_still_reports_what_it_finished(tmp_path):
     stages = report["stages"]
     cut = [name for name, s in stages.items() if s["timed_out"]]
     assert cut, stages  # the stage the budget ran out in is recorded as timed out
-    assert list(stages) == STAGES[:len(stages)] and list(stages)[-1] in cut
+    assert list(stages) == STAGES[: len(stages)] and list(stages)[-1] in cut
 
 
 def test_without_a_gpu_it_stops_after_saying_so(tmp_path):
@@ -107,18 +122,22 @@ def test_without_a_gpu_it_stops_after_saying_so(tmp_path):
 
 # -- the environment: wheels made for another Python ----------------------------------------------
 def test_wheels_for_another_python_are_refused_and_pure_or_stable_abi_ones_kept(tmp_path):
-    wheels = ["pydantic_core-2.33.2-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
-              "hjson-3.1.0-py3-none-any.whl", "six-1.17.0-py2.py3-none-any.whl",
-              "zstandard-0.23.0-cp311-cp311-manylinux_2_17_x86_64.whl",
-              "protobuf-6.31.1-cp39-abi3-manylinux2014_x86_64.whl",
-              "cryptography-45.0.0-cp313-abi3-manylinux_2_34_x86_64.whl"]
+    wheels = [
+        "pydantic_core-2.33.2-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "hjson-3.1.0-py3-none-any.whl",
+        "six-1.17.0-py2.py3-none-any.whl",
+        "zstandard-0.23.0-cp311-cp311-manylinux_2_17_x86_64.whl",
+        "protobuf-6.31.1-cp39-abi3-manylinux2014_x86_64.whl",
+        "cryptography-45.0.0-cp313-abi3-manylinux_2_34_x86_64.whl",
+    ]
     refused = wheels_not_for(wheels, (3, 11))
     assert [r.split(" ")[0] for r in refused] == [wheels[0], wheels[5]]
     assert "for cp312, this Python is 3.11" in refused[0]
     assert [r.split(" ")[0] for r in wheels_not_for(wheels, (3, 12))] == [wheels[3], wheels[5]]
     (tmp_path / wheels[0]).touch()
-    with pytest.raises(SystemExit,
-                       match=r"prepared for Python \?, this one is 3.11 .*GLM_GPU_CHECK_PYTHON_VERSION=3.11"):
+    with pytest.raises(
+        SystemExit, match=r"prepared for Python \?, this one is 3.11 .*GLM_GPU_CHECK_PYTHON_VERSION=3.11"
+    ):
         check_wheels(tmp_path, (3, 11))
     (tmp_path / wheels[0]).unlink()
     (tmp_path / "prepared.json").write_text('{"python": "3.12"}')  # pure wheels only, but made for 3.12
@@ -131,42 +150,61 @@ def test_wheels_for_another_python_are_refused_and_pure_or_stable_abi_ones_kept(
 def test_device_profile_counts_each_kernel_once_and_leaves_cpu_rows_out():
     """A CPU operator's row spans its kernels (its self device time is theirs again): it is not
     counted; two streams' overlapping kernels count once in the busy time; idle is the rest of the wall."""
-    rows = [EventRow("aten::mm", False, 0, 400), EventRow("aten::addmm", False, 400, 500),
-            EventRow("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", True, 10, 110),
-            EventRow("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", True, 120, 220),
-            EventRow("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", True, 220, 260),
-            EventRow("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", True, 200, 250),
-            EventRow("Memcpy HtoD (Pinned -> Device)", True, 300, 310)]
+    rows = [
+        EventRow("aten::mm", False, 0, 400),
+        EventRow("aten::addmm", False, 400, 500),
+        EventRow("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", True, 10, 110),
+        EventRow("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", True, 120, 220),
+        EventRow("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", True, 220, 260),
+        EventRow("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", True, 200, 250),
+        EventRow("Memcpy HtoD (Pinned -> Device)", True, 300, 310),
+    ]
     out = device_profile(rows, wall_us=500.0)
-    assert out["kinds_us"] == {"memcpy": 10, "communication": 50, "attention": 40, "optimizer": 0, "gemm": 200,
-                               "reduction": 0, "elementwise / cast": 0, "other": 0}
+    assert out["kinds_us"] == {
+        "memcpy": 10,
+        "communication": 50,
+        "attention": 40,
+        "optimizer": 0,
+        "gemm": 200,
+        "reduction": 0,
+        "elementwise / cast": 0,
+        "other": 0,
+    }
     assert out["kernel_us"] == 300  # the CPU rows' 500 us are not added
     assert out["busy_us"] == 100 + 140 + 10  # [10,110] + [120,260] (NCCL inside it) + [300,310]
     assert out["idle_share"] == pytest.approx(1 - 250 / 500)
     assert set(out["top_us"]) == {r.name for r in rows if r.on_device}
 
 
-@pytest.mark.parametrize("name, kind", [
-    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)", "attention"),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64", "attention"),
-    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", "optimizer"),
-    ("void multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<float>>", "optimizer"),
-    ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8", "gemm"),
-    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
-    ("triton_tem_fused_mm_0", "gemm"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>", "reduction"),
-    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>", "reduction"),
-    ("triton_red_fused__to_copy_native_layer_norm_1", "reduction"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise / cast"),
-    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", "elementwise / cast"),
-    ("triton_poi_fused_gelu_2", "elementwise / cast"),
-    ("Memset (Device)", "memcpy"),
-    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "communication"),
-    ("void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>",
-     "elementwise / cast"),
-    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>", "reduction"),
-    ("void some_new_kernel<float>", "other"),
-])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64", "attention"),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>",
+            "optimizer",
+        ),
+        ("void multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<float>>", "optimizer"),
+        ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8", "gemm"),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
+        ("triton_tem_fused_mm_0", "gemm"),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>", "reduction"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>", "reduction"),
+        ("triton_red_fused__to_copy_native_layer_norm_1", "reduction"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise / cast"),
+        ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", "elementwise / cast"),
+        ("triton_poi_fused_gelu_2", "elementwise / cast"),
+        ("Memset (Device)", "memcpy"),
+        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "communication"),
+        (
+            "void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>",
+            "elementwise / cast",
+        ),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>", "reduction"),
+        ("void some_new_kernel<float>", "other"),
+    ],
+)
 def test_kernel_names_fall_into_their_kinds(name, kind):
     assert kernel_kind(name) == kind
 
@@ -193,8 +231,16 @@ class _Recorder:  # a W&B run's log()
 def test_memory_readings_reach_metrics_the_progress_bar_and_wandb(tmp_path):
     """A log line's reading is written to metrics.jsonl, shown on the bar until the next one, and
     sent to W&B under memory/; a row without one writes no memory keys."""
-    cfg = load_config(None, [f"train.out_dir={tmp_path}", "logging.log_interval=2", "logging.wandb=false",
-                             "logging.progress=true", "train.max_steps=4"])
+    cfg = load_config(
+        None,
+        [
+            f"train.out_dir={tmp_path}",
+            "logging.log_interval=2",
+            "logging.wandb=false",
+            "logging.progress=true",
+            "train.max_steps=4",
+        ],
+    )
     log = RunLogger(cfg, is_main=True, start_step=0)
     log.wandb_run = _Recorder()
     reading = {"mem_max_allocated_gib": 12.34, "mem_max_reserved_gib": 15.0, "mem_alloc_retries": 2}

@@ -2,6 +2,7 @@
 BF16_Optimizer against the bytes a real run holds, MFU's peak table and measurement, the SLURM submit
 refusing a job without GPUs, CPU counts that honour affinity, the generated DeepSpeed JSON, attention
 masks that leave SDPA its flash kernels, T5's bias cast once, and LAMB without host syncs."""
+
 from __future__ import annotations
 
 import json
@@ -50,13 +51,34 @@ Path(cfg.train.out_dir, f"peak_rank{trainer.dist.rank}.json").write_text(json.du
 def test_plan_counts_what_the_bf16_optimizer_holds(nproc, shards_dir, tmp_path):
     """bf16 + ZeRO-1 on 1 and 2 ranks: every rank holds the bf16 weights, the bf16 gradients and the
     whole fp32 accumulation buffer; only the fp32 master and the moments shrink with the ranks."""
-    overrides = [*FAST, f"data.shards_dir={shards_dir}", f"train.out_dir={tmp_path}", "train.precision=bf16",
-                 "parallel.zero_stage=1", "train.max_steps=2", f"train.grad_accum_steps={2 // nproc}"]
+    overrides = [
+        *FAST,
+        f"data.shards_dir={shards_dir}",
+        f"train.out_dir={tmp_path}",
+        "train.precision=bf16",
+        "parallel.zero_stage=1",
+        "train.max_steps=2",
+        f"train.grad_accum_steps={2 // nproc}",
+    ]
     script = tmp_path / "peak.py"
     script.write_text(PEAK_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(script), TINY, *overrides], cwd=ROOT, env=clean_env(threads=max(1, 2 // nproc)),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            str(script),
+            TINY,
+            *overrides,
+        ],
+        cwd=ROOT,
+        env=clean_env(threads=max(1, 2 // nproc)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     shape = model_shape(family("gpt"), model_config(load_config(TINY, overrides)))
     weights, grads, optimizer, _ = model_state_bytes(shape.params, shape.largest_layer, nproc, 1, "none", "bf16")
@@ -91,27 +113,32 @@ def test_bf16_zero1_plan_of_the_gpt3_13b_recipe_needs_more_than_an_80_gb_card():
 
 
 # -- MFU: the peak table, the measurement, the override -------------------------------------------
-@pytest.mark.parametrize("name, bf16, tf32, fp32", [
-    ("NVIDIA H100 80GB HBM3", 989.4, 494.7, 66.9),
-    ("NVIDIA H100 PCIe", 756.0, 378.0, 51.2),
-    ("NVIDIA H100 NVL", 835.5, 417.5, 60.0),
-    ("NVIDIA H200", 989.4, 494.7, 66.9),
-    ("NVIDIA A100-SXM4-40GB", 312.0, 156.0, 19.5),
-    ("NVIDIA A100-SXM4-80GB", 312.0, 156.0, 19.5),
-    ("NVIDIA A100-PCIE-40GB", 312.0, 156.0, 19.5),
-    ("NVIDIA A100 80GB PCIe", 312.0, 156.0, 19.5),
-    ("NVIDIA L4", 121.0, 60.0, 30.3),
-    ("NVIDIA L40S", 362.05, 183.0, 91.6),
-    ("NVIDIA L40", 181.05, 90.5, 90.5),
-])
+@pytest.mark.parametrize(
+    "name, bf16, tf32, fp32",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4, 494.7, 66.9),
+        ("NVIDIA H100 PCIe", 756.0, 378.0, 51.2),
+        ("NVIDIA H100 NVL", 835.5, 417.5, 60.0),
+        ("NVIDIA H200", 989.4, 494.7, 66.9),
+        ("NVIDIA A100-SXM4-40GB", 312.0, 156.0, 19.5),
+        ("NVIDIA A100-SXM4-80GB", 312.0, 156.0, 19.5),
+        ("NVIDIA A100-PCIE-40GB", 312.0, 156.0, 19.5),
+        ("NVIDIA A100 80GB PCIe", 312.0, 156.0, 19.5),
+        ("NVIDIA L4", 121.0, 60.0, 30.3),
+        ("NVIDIA L40S", 362.05, 183.0, 91.6),
+        ("NVIDIA L40", 181.05, 90.5, 90.5),
+    ],
+)
 def test_datasheet_peak_is_the_exact_devices_for_each_precision(name, bf16, tf32, fp32):
     assert peak_flops(name, "bf16") == peak_flops(name, "bf16-autocast") == pytest.approx(bf16 * 1e12)
     assert peak_flops(name, "fp32", tf32=True) == pytest.approx(tf32 * 1e12)
     assert peak_flops(name, "fp32") == pytest.approx(fp32 * 1e12)  # TF32 off: the plain fp32 rate
 
 
-@pytest.mark.parametrize("name", ["NVIDIA H100", "H100 PCIe", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "Tesla T4",
-                                  "NVIDIA L4 ", "nvidia h200", ""])
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA H100", "H100 PCIe", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "Tesla T4", "NVIDIA L4 ", "nvidia h200", ""],
+)
 def test_unknown_or_partial_device_names_have_no_datasheet_peak(name):
     """No substring matching: a MIG slice or an unlisted card falls back to a measurement."""
     assert peak_flops(name, "bf16") is None
@@ -126,8 +153,14 @@ def test_matmul_peak_is_the_best_of_every_size_and_repeat(monkeypatch):
     """A loaded machine only slows some products down: the fastest one, and its size, is reported."""
     from types import SimpleNamespace
 
-    durations = [0.50, 0.40, 0.45,  # n=64: 3 repeats
-                 0.30, 0.02, 0.30]  # n=128: the second product ran undisturbed
+    durations = [
+        0.50,
+        0.40,
+        0.45,  # n=64: 3 repeats
+        0.30,
+        0.02,
+        0.30,
+    ]  # n=128: the second product ran undisturbed
     clock = iter(t for d in durations for t in (0.0, d))  # (start, end) of each timed product
     monkeypatch.setattr(flops, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     best = measure_matmul_peak(torch.float32, "cpu", sizes=(64, 128), repeats=3, budget_s=float("inf"))
@@ -145,8 +178,11 @@ def test_matmul_peak_is_the_best_of_every_size_and_repeat(monkeypatch):
 
 def test_mfu_peak_uses_the_override_then_the_datasheet_then_a_measurement_on_the_runs_device(monkeypatch):
     measured = []
-    monkeypatch.setattr(flops, "measure_matmul_peak",
-                        lambda dtype, device: measured.append((dtype, device)) or flops.MatmulPeak(5e12, 4096))
+    monkeypatch.setattr(
+        flops,
+        "measure_matmul_peak",
+        lambda dtype, device: measured.append((dtype, device)) or flops.MatmulPeak(5e12, 4096),
+    )
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
     monkeypatch.delenv("GLM_PEAK_TFLOPS", raising=False)
     gpu = torch.device("cuda", 1)
@@ -161,8 +197,10 @@ def test_mfu_peak_uses_the_override_then_the_datasheet_then_a_measurement_on_the
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA RTX PRO 6000")
     assert mfu_peak(gpu, "bf16-autocast", measure=True) == 5e12 and measured == [(torch.bfloat16, gpu)]
     assert mfu_peak(torch.device("cpu"), "fp32", measure=False) is None
-    assert (mfu_peak(torch.device("cpu"), "fp32", measure=True) == 5e12
-            and measured[-1] == (torch.float32, torch.device("cpu")))
+    assert mfu_peak(torch.device("cpu"), "fp32", measure=True) == 5e12 and measured[-1] == (
+        torch.float32,
+        torch.device("cpu"),
+    )
     monkeypatch.setenv("GLM_PEAK_TFLOPS", "400")
     assert mfu_peak(gpu, "bf16", measure=True) == 400e12
     monkeypatch.setenv("GLM_PEAK_TFLOPS", "fast")
@@ -199,18 +237,26 @@ def test_train_sbatch_gives_srun_the_cores_and_uses_torchs_nccl_variable():
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in text and " NCCL_ASYNC_ERROR_HANDLING" not in text
     assert "${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK}" in text
     # run without GPUs and without GLM_PROCS_PER_NODE, the script stops before srun with one line
-    env = {"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_JOB_NODELIST": "node1",
-           "SLURM_JOB_ID": "7", "GLM_VENV": "/nonexistent"}
-    proc = subprocess.run(["bash", str(ROOT / "slurm/train.sbatch"), TINY], env=env, capture_output=True, text=True,
-                          timeout=60)
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_JOB_ID": "7",
+        "GLM_VENV": "/nonexistent",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "slurm/train.sbatch"), TINY], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
     assert proc.stderr.startswith("error: no GPUs allocated") and "GLM_PROCS_PER_NODE=N" in proc.stderr
 
 
 def test_available_cpus_follows_the_affinity_mask():
     """A process bound to one core (SLURM, taskset, a cpuset) counts one CPU, whatever the machine has."""
-    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
-            "from data_pipeline.executors.cpus import available_cpus; print(available_cpus())")
+    code = (
+        "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+        "from data_pipeline.executors.cpus import available_cpus; print(available_cpus())"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr
     from data_pipeline.executors.cpus import available_cpus
@@ -224,8 +270,9 @@ def test_deepspeed_json_overlaps_zero2_3_communication_and_pins_offload_only_on_
 
     def zero(stage: int, **kw) -> dict:
         over = [f"parallel.zero_stage={stage}", "parallel.offload_optimizer=true"]
-        return deepspeed_config(load_config(TINY, over + (["parallel.offload_params=true"] if stage == 3 else [])),
-                                dp_size=2, **kw)["zero_optimization"]
+        return deepspeed_config(
+            load_config(TINY, over + (["parallel.offload_params=true"] if stage == 3 else [])), dp_size=2, **kw
+        )["zero_optimization"]
 
     assert [zero(s)["overlap_comm"] for s in (1, 2, 3)] == [False, True, True]
     assert zero(3, cuda=True)["offload_optimizer"]["pin_memory"] and zero(3, cuda=True)["offload_param"]["pin_memory"]
@@ -259,7 +306,7 @@ def test_gpt_decoding_one_token_attends_without_a_mask_unless_the_window_cuts(wi
     with torch.no_grad():
         full = model(x)
         calls = sdpa_masks(monkeypatch, common)
-        steps = torch.cat([model(x[:, :4], cache)] + [model(x[:, i:i + 1], cache) for i in range(4, 9)], 1)
+        steps = torch.cat([model(x[:, :4], cache)] + [model(x[:, i : i + 1], cache) for i in range(4, 9)], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
     one_token = [(i % 2, mask) for i, (mask, _, t) in enumerate(calls) if t == 1]  # (layer, mask); odd: sparse
     assert all(mask is None for layer, mask in one_token if window is None or layer == 0)
@@ -281,10 +328,13 @@ def test_seq2seq_incremental_decoding_matches_and_unpadded_cross_attention_takes
         full = model(x, dec)["logits"]
         calls = sdpa_masks(monkeypatch, module)
         memory, cache = model.encode(x), [{} for _ in model.decoder.blocks]
-        steps = torch.cat([model.decode(dec[:, :3], memory, cache=cache)]
-                          + [model.decode(dec[:, i:i + 1], memory, cache=cache) for i in range(3, 6)], 1)
+        steps = torch.cat(
+            [model.decode(dec[:, :3], memory, cache=cache)]
+            + [model.decode(dec[:, i : i + 1], memory, cache=cache) for i in range(3, 6)],
+            1,
+        )
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
-    decoder_calls = calls[len(model.encoder.blocks):]
+    decoder_calls = calls[len(model.encoder.blocks) :]
     cross = decoder_calls[1::2]  # each decoder block: self-attention, then cross-attention
     assert all(mask is None for mask, _, _ in cross)  # no padding: nothing to mask
     if family == "bart":  # no position bias: one new token's self-attention is unmasked too

@@ -1,5 +1,6 @@
 """lm-evaluation-harness as the scoring engine (glm_dist/eval/harness.py), the offline tasks
 (data_pipeline/tasks, glm_dist/eval/tasks) and `glm generate`."""
+
 from __future__ import annotations
 
 import json
@@ -81,9 +82,10 @@ def test_generate_until_with_beams_returns_the_best_beam_cut_at_the_stop_sequenc
     from glm_dist.models.generate import GenerationConfig, generate
 
     prompt = live.tok_encode("Return the")
-    cfg = GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=4, length_penalty=0.6, eos_id=0,
-                           early_stopping=False)  # transformers' default, which lm-eval's hf model runs with
-    best = live.tok_decode(generate(live.model, torch.tensor([prompt]), cfg)[0, len(prompt):].tolist())
+    cfg = GenerationConfig(
+        max_new_tokens=8, strategy="beam", num_beams=4, length_penalty=0.6, eos_id=0, early_stopping=False
+    )  # transformers' default, which lm-eval's hf model runs with
+    best = live.tok_decode(generate(live.model, torch.tensor([prompt]), cfg)[0, len(prompt) :].tolist())
     kwargs = {"until": [], "max_gen_toks": 8, "do_sample": False, "num_beams": 4, "length_penalty": 0.6}
     assert live.generate_until([Req("Return the", kwargs)])[0] == best
     prompts = ["Return the", "def open(file", "The", "Raise an exception", "x ="]
@@ -92,9 +94,9 @@ def test_generate_until_with_beams_returns_the_best_beam_cut_at_the_stop_sequenc
     assert beams != greedy  # the search is not greedy decoding
     stop = best.strip()[1:3]  # a stop sequence ends the hypotheses that reach it, as EOS does
     ended = generate(live.model, torch.tensor([prompt]), cfg, stop=lambda ids: stop in live.tok_decode(ids))
-    text = live.tok_decode(ended[0, len(prompt):].tolist())
+    text = live.tok_decode(ended[0, len(prompt) :].tolist())
     cut = live.generate_until([Req("Return the", {**kwargs, "until": [stop]})])[0]
-    assert stop in text and cut == text[:text.index(stop)]
+    assert stop in text and cut == text[: text.index(stop)]
 
 
 def test_per_token_normalisation_divides_each_choice_by_its_own_token_count(live):
@@ -113,8 +115,9 @@ def test_per_token_normalisation_divides_each_choice_by_its_own_token_count(live
         assert per_token_hit(live, sample) == float(gold == best)
         unconditional = [("", c) for c in choices]  # acc_mutual_info's extra requests are left out
         extra = [[r] for r in live.loglikelihood([Req(*r) for r in unconditional])]
-        assert per_token_hit(live, {"arguments": requests + unconditional, "resps": resps + extra,
-                                    "target": gold}) == float(gold == best)
+        assert per_token_hit(
+            live, {"arguments": requests + unconditional, "resps": resps + extra, "target": gold}
+        ) == float(gold == best)
 
 
 def test_rolling_loglikelihood_predicts_every_token_once_in_windows_of_the_context(live):
@@ -122,8 +125,10 @@ def test_rolling_loglikelihood_predicts_every_token_once_in_windows_of_the_conte
     ids = live.tok_encode(text)
     assert len(ids) > 2 * live.max_length  # several windows
     with torch.no_grad():  # each token predicted from as much context as fits, stride 1
-        full = sum(_manual_loglikelihood(live, ([0] + ids)[max(0, i - live.max_length + 1):i + 1], [ids[i]])
-                   for i in range(len(ids)))
+        full = sum(
+            _manual_loglikelihood(live, ([0] + ids)[max(0, i - live.max_length + 1) : i + 1], [ids[i]])
+            for i in range(len(ids))
+        )
     strided = GlmLM(model=live.model, tokenizer=live.tok, eot_id=0, rolling_stride=1)
     assert strided.loglikelihood_rolling([Req(text)])[0] == pytest.approx(full, abs=1e-3)
     disjoint = live.loglikelihood_rolling([Req(text)])[0]  # the default: lm-eval's disjoint windows
@@ -139,8 +144,10 @@ def test_generate_until_stops_at_a_stop_sequence(live):
 
 
 def test_results_cross_ranks_as_json_with_their_tuple_keys():
-    metrics = {"task": {("acc", "none"): [1.0, 0.0], ("perplexity", "none"): [(-1.5, True), (-2.0, False)]},
-               "other": {("f1", "none"): [torch.tensor(0.25)]}}
+    metrics = {
+        "task": {("acc", "none"): [1.0, 0.0], ("perplexity", "none"): [(-1.5, True), (-2.0, False)]},
+        "other": {("f1", "none"): [torch.tensor(0.25)]},
+    }
     back = _from_json(json.loads(json.dumps(_to_json(metrics))))
     assert back == {**metrics, "other": {("f1", "none"): [0.25]}}
     assert type(back["task"][("perplexity", "none")][0]) is tuple
@@ -171,8 +178,11 @@ def test_wordnet_items_define_their_answer_among_same_part_of_speech_distractors
         answer = r["choices"][r["label"]]
         assert len(set(r["choices"])) == 4 and answer not in r["definition"].lower()
     know = [r for r in build(num_test=2000).splits["test"] if r["id"] == "wn30:v00595630"]
-    assert know and know[0]["definition"] == "be aware of the truth of something" and \
-        know[0]["choices"][know[0]["label"]] == "know"
+    assert (
+        know
+        and know[0]["definition"] == "be aware of the truth of something"
+        and know[0]["choices"][know[0]["label"]] == "know"
+    )
     assert task.baselines["acc: chance"] == 0.25
 
 
@@ -196,15 +206,31 @@ def task_dir(corpus, tmp_path_factory) -> Path:
     test = out / "pydoc_cloze/test.jsonl"
     common = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(test)}}, "test_split": "test"}
     (out / "extra").mkdir()
-    (out / "extra/pydoc_rolling.yaml").write_text(yaml.safe_dump({
-        "task": "pydoc_rolling", **common, "output_type": "loglikelihood_rolling",
-        "doc_to_text": "", "doc_to_target": "{{context}} {{target}}. {{context}} {{context}}",
-        "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]}))
-    (out / "extra/pydoc_generate.yaml").write_text(yaml.safe_dump({
-        "task": "pydoc_generate", **common, "output_type": "generate_until", "doc_to_text": "{{context}}",
-        "doc_to_target": "{{' ' + target}}",
-        "generation_kwargs": {"until": ["."], "max_gen_toks": 8, "do_sample": False},
-        "metric_list": [{"metric": "exact_match"}]}))
+    (out / "extra/pydoc_rolling.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "task": "pydoc_rolling",
+                **common,
+                "output_type": "loglikelihood_rolling",
+                "doc_to_text": "",
+                "doc_to_target": "{{context}} {{target}}. {{context}} {{context}}",
+                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+            }
+        )
+    )
+    (out / "extra/pydoc_generate.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "task": "pydoc_generate",
+                **common,
+                "output_type": "generate_until",
+                "doc_to_text": "{{context}}",
+                "doc_to_target": "{{' ' + target}}",
+                "generation_kwargs": {"until": ["."], "max_gen_toks": 8, "do_sample": False},
+                "metric_list": [{"metric": "exact_match"}],
+            }
+        )
+    )
     return out
 
 
@@ -212,8 +238,19 @@ def task_dir(corpus, tmp_path_factory) -> Path:
 def gpt2_run(shards_dir, tmp_path_factory) -> tuple[str, str]:
     """A tiny GPT-2 pretrained for 60 steps, and its `glm export-hf` folder."""
     out = tmp_path_factory.mktemp("gpt2")
-    run_glm(["train", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "data.vocab_size=2048",
-             "model.vocab_size=2048", "train.max_steps=60", f"train.out_dir={out}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            TINY,
+            *FAST,
+            f"data.shards_dir={shards_dir}",
+            "data.vocab_size=2048",
+            "model.vocab_size=2048",
+            "train.max_steps=60",
+            f"train.out_dir={out}",
+        ]
+    )
     from glm_dist.hf.export import export_checkpoint  # what glm export-hf runs
 
     ckpt = str(out / "checkpoints/step_00000060")
@@ -221,10 +258,28 @@ def gpt2_run(shards_dir, tmp_path_factory) -> tuple[str, str]:
     return ckpt, str(out / "hf")
 
 
-def _harness(model: list[str], task_dir: Path, out: Path, *extra: str, tasks: str = TASKS,
-             limit: int = 12) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", *model, "--tasks", tasks, "--include_path", str(task_dir), "--limit", str(limit),
-           "--batch_size", "4", "--num_fewshot", "1", "--output_path", str(out), "--log_samples", *extra]
+def _harness(
+    model: list[str], task_dir: Path, out: Path, *extra: str, tasks: str = TASKS, limit: int = 12
+) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        *model,
+        "--tasks",
+        tasks,
+        "--include_path",
+        str(task_dir),
+        "--limit",
+        str(limit),
+        "--batch_size",
+        "4",
+        "--num_fewshot",
+        "1",
+        "--output_path",
+        str(out),
+        "--log_samples",
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(threads=2), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
@@ -257,11 +312,13 @@ def _assert_same_requests(mine: dict, hers: dict, n: int) -> None:
         if twin is None:
             return f"{key[0]}: no request of this document on the other side"
         at = next((i for i, (a, b) in enumerate(zip(key[1], twin[1])) if a != b), min(len(key[1]), len(twin[1])))
-        return f"{key[0]} at char {at}: {key[1][max(0, at - 60):at + 60]!r} vs {twin[1][max(0, at - 60):at + 60]!r}"
+        return f"{key[0]} at char {at}: {key[1][max(0, at - 60) : at + 60]!r} vs {twin[1][max(0, at - 60) : at + 60]!r}"
 
     assert not only_mine and not only_hers, "\n".join(
         [f"{len(only_mine)} requests only in ours, {len(only_hers)} only in lm-eval's:"]
-        + [parting(k, only_hers) for k in only_mine[:4]] + [parting(k, only_mine) for k in only_hers[:4]])
+        + [parting(k, only_hers) for k in only_mine[:4]]
+        + [parting(k, only_mine) for k in only_hers[:4]]
+    )
     assert len(mine) == n, (len(mine), n)
 
 
@@ -288,8 +345,13 @@ def glm_scores(gpt2_run, task_dir, tmp_path_factory) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_the_glm_harness_scores_equal_lm_eval_hf_on_the_exported_model(gpt2_run, task_dir, glm_scores, tmp_path):
-    _harness(["lm_eval", "--model", "hf", "--model_args", f"pretrained={gpt2_run[1]},dtype=float32"], task_dir,
-             tmp_path, "--device", "cpu")
+    _harness(
+        ["lm_eval", "--model", "hf", "--model_args", f"pretrained={gpt2_run[1]},dtype=float32"],
+        task_dir,
+        tmp_path,
+        "--device",
+        "cpu",
+    )
     (ours, our_samples), (theirs, their_samples) = glm_scores, _results(tmp_path)
     _assert_same_scores(ours, theirs)
     _assert_same_requests(our_samples, their_samples, 12 * 5)  # one row per document
@@ -316,10 +378,24 @@ def test_eval_tasks_writes_variants_and_scoring_beside_their_task(task_dir):
 def test_new_tasks_score_equal_to_lm_eval_hf_with_unconditional_choices(gpt2_run, task_dir, tmp_path):
     greedy = ["--gen_kwargs", "do_sample=False,max_gen_toks=8"]  # the summary's top-k sampling draws differ
     ours, theirs = tmp_path / "glm", tmp_path / "hf"
-    _harness(["glm_dist.eval.harness", "--model", "glm", "--model_args", f"checkpoint={gpt2_run[0]}"], task_dir,
-             ours, *greedy, tasks=NEW, limit=8)
-    _harness(["lm_eval", "--model", "hf", "--model_args", f"pretrained={gpt2_run[1]},dtype=float32"], task_dir,
-             theirs, "--device", "cpu", *greedy, tasks=NEW, limit=8)
+    _harness(
+        ["glm_dist.eval.harness", "--model", "glm", "--model_args", f"checkpoint={gpt2_run[0]}"],
+        task_dir,
+        ours,
+        *greedy,
+        tasks=NEW,
+        limit=8,
+    )
+    _harness(
+        ["lm_eval", "--model", "hf", "--model_args", f"pretrained={gpt2_run[1]},dtype=float32"],
+        task_dir,
+        theirs,
+        "--device",
+        "cpu",
+        *greedy,
+        tasks=NEW,
+        limit=8,
+    )
     (mine, my_samples), (hers, her_samples) = _results(ours), _results(theirs)
     _assert_same_scores(mine, hers, NEW)
     _assert_same_requests(my_samples, her_samples, 8 * 4)
@@ -345,24 +421,32 @@ def test_an_encoder_decoder_scores_equal_to_lm_eval_hf_seq2seq_on_its_export(cor
     tok.save(str(tmp_path / "tokenizer.json"))
     torch.manual_seed(0)
     model = T5(t5_config("t5-tiny", vocab_size=tok.get_vocab_size(), n_layer=1)).eval()
-    export_hf(model.cfg, model.state_dict(), str(tmp_path / "hf"), tokenizer_file=str(tmp_path / "tokenizer.json"),
-              profile="t5")
+    export_hf(
+        model.cfg,
+        model.state_dict(),
+        str(tmp_path / "hf"),
+        tokenizer_file=str(tmp_path / "tokenizer.json"),
+        profile="t5",
+    )
     ids = special_ids(tok, "t5")
     ours = GlmLM(model=model, tokenizer=tok, eot_id=ids["eos"], start_id=ids["pad"], batch_size=4)
     theirs = HFLM(pretrained=str(tmp_path / "hf"), backend="seq2seq", dtype="float32", device="cpu", batch_size=4)
     tasks = ["pydoc_cloze", "wordnet_mc_unconditional", "pydoc_rolling"]  # pairs, empty contexts, windows
     manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-    runs = [simple_evaluate(model=lm, tasks=tasks, limit=8, task_manager=manager, log_samples=True)
-            for lm in (ours, theirs)]
+    runs = [
+        simple_evaluate(model=lm, tasks=tasks, limit=8, task_manager=manager, log_samples=True) for lm in (ours, theirs)
+    ]
     _assert_same_scores(*[r["results"] for r in runs], ",".join(tasks))
     for mine, hers in zip(*[[s for t in tasks for s in r["samples"][t]] for r in runs]):
         assert mine["doc_id"] == hers["doc_id"]
-        _assert_same_responses(json.loads(json.dumps(mine["resps"])), json.loads(json.dumps(hers["resps"])),
-                               mine["doc_id"])
+        _assert_same_responses(
+            json.loads(json.dumps(mine["resps"])), json.loads(json.dumps(hers["resps"])), mine["doc_id"]
+        )
     prompt = ours.tok_encode("Return the number of")  # generation: the encoder reads it, the decoder starts
-    seq = generate(model, torch.tensor([prompt]), GenerationConfig(max_new_tokens=6, eos_id=ours.eot),
-                   start_id=ours.start_id)[0, 1:].tolist()
-    expected = ours.tok_decode(seq[:seq.index(ours.eot)] if ours.eot in seq else seq)
+    seq = generate(
+        model, torch.tensor([prompt]), GenerationConfig(max_new_tokens=6, eos_id=ours.eot), start_id=ours.start_id
+    )[0, 1:].tolist()
+    expected = ours.tok_decode(seq[: seq.index(ours.eot)] if ours.eot in seq else seq)
     assert ours.generate_until([Req("Return the number of", {"until": [], "max_gen_toks": 6})])[0] == expected
 
 
@@ -371,8 +455,25 @@ def test_glm_eval_curve_writes_score_against_k_as_json_and_png(gpt2_run, task_di
     from glm_dist.eval.harness import run_tasks
 
     out = tmp_path / "curve.json"
-    proc = run_glm(["eval", "--checkpoint", gpt2_run[0], "--tasks", "wordnet_mc,pydoc_cloze", "--include-path",
-                    str(task_dir), "--limit", "8", "--batch-size", "4", "--curve", "k=0,1", "--out", str(out)])
+    proc = run_glm(
+        [
+            "eval",
+            "--checkpoint",
+            gpt2_run[0],
+            "--tasks",
+            "wordnet_mc,pydoc_cloze",
+            "--include-path",
+            str(task_dir),
+            "--limit",
+            "8",
+            "--batch-size",
+            "4",
+            "--curve",
+            "k=0,1",
+            "--out",
+            str(out),
+        ]
+    )
     assert f"curve: {out}" in proc.stdout
     curve = json.loads(out.read_text())
     assert curve["ks"] == [0, 1] and curve["checkpoints"][0]["params"] > 100_000
@@ -390,9 +491,26 @@ def test_glm_eval_splits_the_requests_over_data_parallel_ranks_and_writes_lm_eva
     from glm_dist.eval.harness import run_tasks
 
     tasks = "pydoc_cloze,wordnet_mc,pydoc_rolling"  # zero-shot: lm-eval draws few-shot examples from one RNG
-    proc = run_glm(["eval", "--checkpoint", gpt2_run[0], "--tasks", tasks, "--include-path", str(task_dir),  # per task,
-                    "--limit", "12", "--batch-size", "4", "--num-fewshot", "0", "--out", str(tmp_path / "r.json")],
-                   nproc=2)  # advanced document by document, so k > 0 prompts depend on the split
+    proc = run_glm(
+        [
+            "eval",
+            "--checkpoint",
+            gpt2_run[0],
+            "--tasks",
+            tasks,
+            "--include-path",
+            str(task_dir),  # per task,
+            "--limit",
+            "12",
+            "--batch-size",
+            "4",
+            "--num-fewshot",
+            "0",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        nproc=2,
+    )  # advanced document by document, so k > 0 prompts depend on the split
     assert proc.stdout.count("|pydoc_cloze") == 1 and "perplexity" in proc.stdout  # lm-eval's table, on rank 0
     written = json.loads((tmp_path / "r.json").read_text())
     assert written["n-shot"]["wordnet_mc"] == 0 and written["config"]["limit"] == 12
@@ -411,7 +529,7 @@ def test_glm_generate_streams_the_greedy_continuation(gpt2_run):
     lm = load_decoder(gpt2_run[0])
     prompt = lm.tokenizer.encode("Return the").ids
     seq = generate(lm.model, torch.tensor([prompt]), GenerationConfig(max_new_tokens=12, eos_id=lm.eos_id))[0]
-    new = [t for t in seq[len(prompt):].tolist() if t != lm.eos_id]
+    new = [t for t in seq[len(prompt) :].tolist() if t != lm.eos_id]
     expected = lm.tokenizer.decode(new)
     # only the text on stdout; what the tiny 60-step model says is not a bar (once only spaces and a "|")
     assert proc.stdout == expected + "\n" and len(new) >= 2 and expected.strip()
@@ -427,12 +545,13 @@ def test_glm_generate_streams_the_greedy_continuation(gpt2_run):
     assert generate_to(out, gpt2_run[0], "Return the", max_new_tokens=12) == expected
     assert len([w for w in out.writes if w]) >= 5  # streamed: a piece per token, not one write at the end
     beam = generate_to(io.StringIO(), gpt2_run[0], "Return the", strategy="beam", max_new_tokens=6, num_beams=3)
-    samples = {generate_to(io.StringIO(), gpt2_run[0], "Return the", strategy="sample", max_new_tokens=6, top_k=50,
-                           seed=s) for s in range(4)}
+    samples = {
+        generate_to(io.StringIO(), gpt2_run[0], "Return the", strategy="sample", max_new_tokens=6, top_k=50, seed=s)
+        for s in range(4)
+    }
     assert beam.strip() and len(samples) > 1  # seeds change the samples
 
 
 def test_glm_eval_without_tasks_or_a_config_says_what_it_needs(tmp_path):
     proc = run_glm(["eval", "--checkpoint", str(tmp_path)], check=False)
     assert proc.returncode == 2 and "-c CONFIG" in proc.stderr and "--tasks" in proc.stderr
-

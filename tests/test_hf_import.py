@@ -4,6 +4,7 @@ The encoder and seq2seq families import a tiny randomly initialised transformers
 tests' configs and inputs), build our model from the result and give transformers' logits; exporting
 that and importing it again gives the same config and identical tensors.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -52,14 +53,27 @@ def _seq2seq(family: str, flavor: str):
     if family == "t5":
         cfg, adapter, ours, theirs, start = t5_config(flavor, vocab_size=700), t5_hf, T5, T5ForConditionalGeneration, 0
     else:
-        cfg, adapter, ours, theirs, start = bart_config(flavor, vocab_size=700), bart_hf, Bart, \
-            BartForConditionalGeneration, 2
+        cfg, adapter, ours, theirs, start = (
+            bart_config(flavor, vocab_size=700),
+            bart_hf,
+            Bart,
+            BartForConditionalGeneration,
+            2,
+        )
 
     def diff(model, hf, cfg):
         x, mask, dec = seq2seq_inputs(cfg.pad_id, start if family == "bart" else cfg.pad_id, 700)
         with torch.no_grad():
-            return (model(x, dec, attention_mask=mask)["logits"]
-                    - hf(input_ids=x, attention_mask=mask, decoder_input_ids=dec).logits).abs().max().item()
+            return (
+                (
+                    model(x, dec, attention_mask=mask)["logits"]
+                    - hf(input_ids=x, attention_mask=mask, decoder_input_ids=dec).logits
+                )
+                .abs()
+                .max()
+                .item()
+            )
+
     return adapter, ours, cfg, theirs, diff
 
 
@@ -71,9 +85,12 @@ def _encoder(case: str):
     return bert_hf, Encoder, cfg, bert_hf.hf_model_class(cfg), compare
 
 
-CASES = {**{case: (lambda case=case: _encoder(case)) for case in ENCODERS},
-         "t5": lambda: _seq2seq("t5", "t5-tiny"), "t5-v1_1": lambda: _seq2seq("t5", "t5-v1_1-tiny"),
-         "bart": lambda: _seq2seq("bart", "bart-tiny")}
+CASES = {
+    **{case: (lambda case=case: _encoder(case)) for case in ENCODERS},
+    "t5": lambda: _seq2seq("t5", "t5-tiny"),
+    "t5-v1_1": lambda: _seq2seq("t5", "t5-v1_1-tiny"),
+    "bart": lambda: _seq2seq("bart", "bart-tiny"),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -1,4 +1,5 @@
 """Parity with transformers' GPT2LMHeadModel: identical random weights give identical logits."""
+
 from __future__ import annotations
 
 import pytest
@@ -75,9 +76,17 @@ def test_cached_generation_matches_transformers_generate(strategy, beams):
     x = torch.randint(4, 40, (3, 6))
     for eos in (3, int(generate(ours, x, GenerationConfig(max_new_tokens=4))[0, 8])):  # one that does occur
         mine = generate(ours, x, GenerationConfig(max_new_tokens=12, strategy=strategy, num_beams=beams, eos_id=eos))
-        theirs = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
-                             num_beams=beams, early_stopping=True, pad_token_id=eos, eos_token_id=eos,
-                             length_penalty=1.0)
+        theirs = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=12,
+            do_sample=False,
+            num_beams=beams,
+            early_stopping=True,
+            pad_token_id=eos,
+            eos_token_id=eos,
+            length_penalty=1.0,
+        )
         n = min(mine.shape[1], theirs.shape[1])
         assert torch.equal(mine[:, :n], theirs[:, :n]), (eos, mine, theirs)
     assert len(set(map(tuple, mine[:, 6:].tolist()))) > 1  # the continuations differ: not a degenerate model
@@ -88,7 +97,7 @@ def test_cache_gives_the_logits_of_a_full_forward_pass():
     x = torch.randint(4, 40, (2, 12))
     cache = [{} for _ in ours.blocks]
     with torch.no_grad():
-        parts = [ours(x[:, :5], cache)] + [ours(x[:, i:i + 1], cache) for i in range(5, 12)]
+        parts = [ours(x[:, :5], cache)] + [ours(x[:, i : i + 1], cache) for i in range(5, 12)]
         torch.testing.assert_close(torch.cat(parts, 1), ours(x), atol=1e-5, rtol=1e-5)
 
 
@@ -106,7 +115,8 @@ def test_sampling_respects_top_k_top_p_and_the_seed():
     cfg = GenerationConfig(max_new_tokens=20, strategy="sample", top_k=5, seed=11)
     a, b = generate(ours, x, cfg), generate(ours, x, cfg)
     assert torch.equal(a, b) and not torch.equal(
-        a, generate(ours, x, GenerationConfig(max_new_tokens=20, strategy="sample", top_k=5, seed=12)))
+        a, generate(ours, x, GenerationConfig(max_new_tokens=20, strategy="sample", top_k=5, seed=12))
+    )
     with torch.no_grad():  # every sampled token was among the top 5 at its step
         logits_all = ours(a[:, :-1])[:, 4:]
     top5 = logits_all.topk(5, -1).indices

@@ -1,4 +1,5 @@
 """Encoder family parity with transformers: identical random weights, identical outputs (fp32)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,9 +16,9 @@ CASES = {
     "roberta": lambda: encoder_config("roberta-tiny", vocab_size=600, n_layer=3),
     "albert": lambda: encoder_config("albert-tiny", vocab_size=600),
     "electra-discriminator": lambda: encoder_config("electra-tiny", vocab_size=600, embedding_size=64),
-    "electra-generator": lambda: replace(generator_config(encoder_config("electra-tiny", embedding_size=64),
-                                                          fraction=0.5),
-                                         vocab_size=600),
+    "electra-generator": lambda: replace(
+        generator_config(encoder_config("electra-tiny", embedding_size=64), fraction=0.5), vocab_size=600
+    ),
 }
 
 
@@ -63,8 +64,14 @@ def test_outputs_match_transformers_after_export(case):
     hf = hf_model_class(cfg)(to_hf_config(cfg)).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours.state_dict(), cfg), strict=False)
     assert not unexpected
-    assert all("position_ids" in k or "token_type_ids" in k or k.endswith("predictions.bias")
-               or k.endswith("lm_head.bias") or k.endswith("generator_lm_head.bias") for k in missing), missing
+    assert all(
+        "position_ids" in k
+        or "token_type_ids" in k
+        or k.endswith("predictions.bias")
+        or k.endswith("lm_head.bias")
+        or k.endswith("generator_lm_head.bias")
+        for k in missing
+    ), missing
     assert compare(ours, hf, cfg) <= TOL
 
 
@@ -99,7 +106,10 @@ def test_electra_pair_shares_embeddings_and_weights_the_discriminator_50x():
     disc = torch.nn.functional.binary_cross_entropy_with_logits(out["disc_logits"], out["disc_targets"])
     total = electra.loss(out["gen_logits"], {"labels": labels}, out["disc_logits"], out["disc_targets"])
     torch.testing.assert_close(total, gen_only + 50 * disc)
-    listed = {"masked_positions": torch.tensor([[3, 4, 5, 0], [3, 4, 5, 0]]),  # as the loader lists them, padded
-              "masked_labels": torch.cat([labels[:, 3:6], torch.full((2, 1), -100)], 1)}
-    torch.testing.assert_close(electra.loss(out["gen_logits"], listed, out["disc_logits"], out["disc_targets"]),
-                               gen_only + 50 * disc)
+    listed = {
+        "masked_positions": torch.tensor([[3, 4, 5, 0], [3, 4, 5, 0]]),  # as the loader lists them, padded
+        "masked_labels": torch.cat([labels[:, 3:6], torch.full((2, 1), -100)], 1),
+    }
+    torch.testing.assert_close(
+        electra.loss(out["gen_logits"], listed, out["disc_logits"], out["disc_targets"]), gen_only + 50 * disc
+    )

@@ -1,5 +1,6 @@
 """Launching for real: a two-node SLURM cluster on this machine, preemption and requeue, torchrun
 via ``glm launch``, the DeepSpeed launcher, ``accelerate launch``, and the W&B offline run."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,17 @@ def two_node_run(slurm_cluster, shards_dir, tmp_path_factory):
     """`sbatch -N 2 slurm/train.sbatch CONFIG ...`: two SLURM nodes, one torchrun each, c10d rendezvous."""
     work = tmp_path_factory.mktemp("slurm-2node")
     log = work / "job.out"
-    job = sbatch(["-N", "2", f"--output={log}", str(ROOT / "slurm/train.sbatch"), TINY,
-                  *overrides(shards_dir, work / "run", *SLURM_RUN)], cwd=work)
+    job = sbatch(
+        [
+            "-N",
+            "2",
+            f"--output={log}",
+            str(ROOT / "slurm/train.sbatch"),
+            TINY,
+            *overrides(shards_dir, work / "run", *SLURM_RUN),
+        ],
+        cwd=work,
+    )
     info = wait_for(job, log)
     return job, info, log, work / "run"
 
@@ -72,15 +82,20 @@ def test_two_node_sbatch_job_trains_and_checkpoints(two_node_run):
     assert "world size 2, ZeRO-2" in text
     losses = train_losses(out)
     assert len(losses) == 150 and losses[-1] < losses[0]
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == \
-        ["step_00000100", "step_00000125", "step_00000150"]  # keep_last=3 rotated 25..75 away
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == [
+        "step_00000100",
+        "step_00000125",
+        "step_00000150",
+    ]  # keep_last=3 rotated 25..75 away
 
 
 def test_preempted_job_checkpoints_requeues_and_resumes_with_the_same_losses(two_node_run, shards_dir, tmp_path):
     _, _, _, reference = two_node_run
     log, out = tmp_path / "job.out", tmp_path / "run"
-    job = sbatch(["-N", "2", f"--output={log}", str(ROOT / "slurm/train.sbatch"), TINY,
-                  *overrides(shards_dir, out, *SLURM_RUN)], cwd=tmp_path)
+    job = sbatch(
+        ["-N", "2", f"--output={log}", str(ROOT / "slurm/train.sbatch"), TINY, *overrides(shards_dir, out, *SLURM_RUN)],
+        cwd=tmp_path,
+    )
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 9):  # validation + >= 8 steps
@@ -103,17 +118,35 @@ def test_preempted_job_checkpoints_requeues_and_resumes_with_the_same_losses(two
 
 # -- single-node launchers ------------------------------------------------------------------------
 def test_glm_launch_runs_torchrun_standalone_with_two_processes(shards_dir, tmp_path):
-    proc = run_glm(["launch", "--nproc-per-node", "2", "train", "-c", TINY,
-                    *overrides(shards_dir, tmp_path, "train.max_steps=6")])
+    proc = run_glm(
+        ["launch", "--nproc-per-node", "2", "train", "-c", TINY, *overrides(shards_dir, tmp_path, "train.max_steps=6")]
+    )
     assert "world size 2" in proc.stderr
     assert len(train_losses(tmp_path)) == 6
 
 
 def test_glm_launch_passes_a_signal_on_and_exits_75_after_a_checkpoint(shards_dir, tmp_path):
-    cmd = [sys.executable, "-m", "glm_dist.cli", "launch", "--nproc-per-node", "2", "train", "-c", TINY,
-           *overrides(shards_dir, tmp_path, "train.max_steps=400")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "glm_dist.cli",
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "train",
+        "-c",
+        TINY,
+        *overrides(shards_dir, tmp_path, "train.max_steps=400"),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
@@ -130,9 +163,19 @@ def test_glm_launch_passes_a_signal_on_and_exits_75_after_a_checkpoint(shards_di
 def test_deepspeed_launcher_with_a_localhost_hostfile(shards_dir, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
-    cmd = [str(Path(sys.prefix) / "bin/deepspeed"), f"--hostfile={hostfile}", "--no_ssh_check",
-           "--master_addr=127.0.0.1", "--master_port=29631", "--module", "glm_dist.cli", "train", "-c", TINY,
-           *overrides(shards_dir, tmp_path / "run", "train.max_steps=6")]
+    cmd = [
+        str(Path(sys.prefix) / "bin/deepspeed"),
+        f"--hostfile={hostfile}",
+        "--no_ssh_check",
+        "--master_addr=127.0.0.1",
+        "--master_port=29631",
+        "--module",
+        "glm_dist.cli",
+        "train",
+        "-c",
+        TINY,
+        *overrides(shards_dir, tmp_path / "run", "train.max_steps=6"),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "world size 2" in proc.stdout + proc.stderr
@@ -140,15 +183,23 @@ def test_deepspeed_launcher_with_a_localhost_hostfile(shards_dir, tmp_path):
 
 
 def accelerate(args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.prefix) / "bin/accelerate"), "launch",
-           "--config_file", str(ROOT / "launch/accelerate-deepspeed.yaml"),
-           "--main_process_port=29641", "-m", "glm_dist.cli", *args]
+    cmd = [
+        str(Path(sys.prefix) / "bin/accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "launch/accelerate-deepspeed.yaml"),
+        "--main_process_port=29641",
+        "-m",
+        "glm_dist.cli",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
 
 
 def test_accelerate_launch_with_the_deepspeed_plugin(shards_dir, tmp_path):
-    proc = accelerate(["train", "-c", TINY,
-                       *overrides(shards_dir, tmp_path, "train.max_steps=6", "parallel.zero_stage=2")])
+    proc = accelerate(
+        ["train", "-c", TINY, *overrides(shards_dir, tmp_path, "train.max_steps=6", "parallel.zero_stage=2")]
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "world size 2, ZeRO-2" in proc.stderr
     assert len(train_losses(tmp_path)) == 6
@@ -160,14 +211,38 @@ def test_accelerate_launch_with_the_deepspeed_plugin(shards_dir, tmp_path):
 
 # -- W&B --------------------------------------------------------------------------------------------
 def test_wandb_offline_run_holds_the_metrics_config_and_manifest(shards_dir, tmp_path):
-    run_glm(["train", "-c", TINY, *overrides(shards_dir, tmp_path, "train.max_steps=12", "logging.wandb=true",
-                                              "logging.log_interval=4", "train.eval_interval=6",
-                                              "logging.project=glm-test", "logging.tags=[ci, tiny]")])
+    run_glm(
+        [
+            "train",
+            "-c",
+            TINY,
+            *overrides(
+                shards_dir,
+                tmp_path,
+                "train.max_steps=12",
+                "logging.wandb=true",
+                "logging.log_interval=4",
+                "train.eval_interval=6",
+                "logging.project=glm-test",
+                "logging.tags=[ci, tiny]",
+            ),
+        ]
+    )
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     run = read_run(run_file)
     keys = set().union(*run["history"])
-    for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/mfu", "train/tokens",
-                "train/epoch", "val/loss", "val/perplexity", "val/bits_per_byte"):
+    for key in (
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "train/mfu",
+        "train/tokens",
+        "train/epoch",
+        "val/loss",
+        "val/perplexity",
+        "val/bits_per_byte",
+    ):
         assert key in keys, key
     train_rows = [h for h in run["history"] if "train/loss" in h]
     assert [h["_step"] for h in train_rows] == [4, 8, 12]
@@ -189,12 +264,27 @@ def test_tokenization_as_a_slurm_array_matches_the_local_run(slurm_cluster, corp
     for i in range(3):
         (src / f"part-{i}.jsonl").write_text("\n".join(docs[i::3]) + "\n")
     data = [f"data.source={src}/part-*.jsonl", "data.vocab_size=1000", "data.shard_max_bytes=65536"]
-    local = prepare_shards(source=f"{src}/part-*.jsonl", out_dir=str(tmp_path / "local"), vocab_size=1000,
-                           shard_max_bytes=65536)
+    local = prepare_shards(
+        source=f"{src}/part-*.jsonl", out_dir=str(tmp_path / "local"), vocab_size=1000, shard_max_bytes=65536
+    )
     env = clean_env(threads=1) | {"GLM_VENV": sys.prefix}
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "slurm", "submit-data", "-c", TINY, *data,
-                           f"data.shards_dir={tmp_path / 'slurm'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "slurm",
+            "submit-data",
+            "-c",
+            TINY,
+            *data,
+            f"data.shards_dir={tmp_path / 'slurm'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     array_job, merge_job = proc.stdout.split()
     log = tmp_path / "slurm-logs"

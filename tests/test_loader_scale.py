@@ -1,5 +1,6 @@
 """Data at cluster scale (docs/architecture.md, decision 12): shard index files, the global sample index,
 byte-range reads of only a rank's own documents, and the determinism contract that survives them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -96,11 +97,12 @@ def test_index_files_locate_every_documents_tokens_and_sentences(shards):
         index = json.loads(Path(d, entry["index"]).read_text())
         assert hashlib.sha256(Path(d, entry["index"]).read_bytes()).hexdigest() == entry["index_sha256"]
         tokens = index["members"]["tokens.npy"]
-        assert (index["tar_bytes"] == len(data)
-                and index["keys"] == [doc.key for doc in read_shard(f"{d}/{entry['name']}")])
+        assert index["tar_bytes"] == len(data) and index["keys"] == [
+            doc.key for doc in read_shard(f"{d}/{entry['name']}")
+        ]
         for i, doc in enumerate(read_shard(f"{d}/{entry['name']}")):
             at = tokens["offset"][i] + tokens["header"][i]
-            assert np.array_equal(np.frombuffer(data[at:at + doc.tokens.nbytes], dtype=index["dtype"]), doc.tokens)
+            assert np.array_equal(np.frombuffer(data[at : at + doc.tokens.nbytes], dtype=index["dtype"]), doc.tokens)
             assert index["sentence_lengths"][i] == np.diff(np.append(doc.sentences, len(doc.tokens))).tolist()
 
 
@@ -160,8 +162,9 @@ def test_a_global_batch_is_the_same_at_any_data_parallel_size_and_each_rank_read
 
 @pytest.mark.parametrize("objective, profile", [("clm", "gpt2"), ("mlm", "roberta")])
 @pytest.mark.parametrize("micro_after", [2, 3])  # the same global batch of 6, and one of 9
-def test_a_run_resumed_from_two_ranks_on_three_sees_each_sample_of_the_epoch_once(objective, profile, micro_after,
-                                                                                 shards):
+def test_a_run_resumed_from_two_ranks_on_three_sees_each_sample_of_the_epoch_once(
+    objective, profile, micro_after, shards
+):
     d = shards(profile)
     kw = dict(objective=objective, seq_len=256, grad_accum_steps=1, seed=4)
     two = [Loader(d, micro_batch_size=3, dp_rank=r, dp_size=2, **kw) for r in range(2)]
@@ -216,15 +219,19 @@ def test_xlnet_streams_continue_their_rows_and_get_new_regions_each_epoch(shards
 
 
 # -- the plan cache ---------------------------------------------------------------------------------------
-PLANNED = [("mlm_nsp", "bert", {}), ("sop", "bert", {}), ("denoising", "roberta", {}),
-           ("plm", "xlnet", {"streams": True, "seq_len": 128,
-                             "options": SegmentOptions(plm_layout="paper", reuse_len=64)}),
-           ("bilm", "word", {})]
+PLANNED = [
+    ("mlm_nsp", "bert", {}),
+    ("sop", "bert", {}),
+    ("denoising", "roberta", {}),
+    ("plm", "xlnet", {"streams": True, "seq_len": 128, "options": SegmentOptions(plm_layout="paper", reuse_len=64)}),
+    ("bilm", "word", {}),
+]
 
 
 @pytest.mark.parametrize("objective, profile, extra", PLANNED, ids=[p[0] for p in PLANNED])
-def test_every_planned_objectives_epochs_are_read_from_the_cache_at_the_next_start(objective, profile, extra, shards,
-                                                                                   tmp_path, monkeypatch, caplog):
+def test_every_planned_objectives_epochs_are_read_from_the_cache_at_the_next_start(
+    objective, profile, extra, shards, tmp_path, monkeypatch, caplog
+):
     """NSP/SOP pairs (dict units), BART's spans, XLNet's paper streams and ELMo's windows: the second
     loader runs no builder and yields the same batches; a damaged cache is ignored with a warning."""
     d = shard_copy(shards(profile), tmp_path / "shards")
@@ -260,14 +267,19 @@ def test_a_cached_epoch_keeps_units_of_several_shapes_and_their_shared_tables(sh
     from glm_dist.data.plan import encode
     from glm_dist.data.plan_cache import PlanCache
 
-    docs = [doc.tokens.astype(np.int64) for doc in read_shard(f"{shards('bert')}/"
-                                                              f"{read_manifest(shards('bert'))['splits']['train'][0]['name']}")]
+    docs = [
+        doc.tokens.astype(np.int64)
+        for doc in read_shard(f"{shards('bert')}/{read_manifest(shards('bert'))['splits']['train'][0]['name']}")
+    ]
     table = np.stack([docs[0][:8], docs[1][:8]])  # a (2, 8) table shared by units, as plan.consts holds
     consts: list = []
-    shapes = [lambda a, b: (a, b), lambda a, b: {"tokens": a, "label": bool(len(b) % 2), "n": len(a)},
-              lambda a, b: a, lambda a, b: (a, table, None)]
-    streams = [[encode(shapes[i // 2 % 4](docs[i], docs[i + 1]), consts) for i in range(s, 40, 2)]
-               for s in range(2)]
+    shapes = [
+        lambda a, b: (a, b),
+        lambda a, b: {"tokens": a, "label": bool(len(b) % 2), "n": len(a)},
+        lambda a, b: a,
+        lambda a, b: (a, table, None),
+    ]
+    streams = [[encode(shapes[i // 2 % 4](docs[i], docs[i + 1]), consts) for i in range(s, 40, 2)] for s in range(2)]
     assert len({u.tree for stream in streams for u in stream}) == 4 and len(consts) == 1
     cache = PlanCache(str(tmp_path / "plan"))
     cache.save(0, streams, [{"tail": [1, 2]}, {}], consts)
@@ -276,8 +288,10 @@ def test_a_cached_epoch_keeps_units_of_several_shapes_and_their_shared_tables(sh
     assert ends == [{"tail": [1, 2]}, {}] and len(running) == 2
     for got, want in zip(units, streams):
         assert [u.tree for u in got] == [_renumbered(u.tree) for u in want]
-        assert all(len(a.leaves) == len(b.leaves) and all(np.array_equal(x, y) for x, y in zip(a.leaves, b.leaves))
-                   for a, b in zip(got, want))
+        assert all(
+            len(a.leaves) == len(b.leaves) and all(np.array_equal(x, y) for x, y in zip(a.leaves, b.leaves))
+            for a, b in zip(got, want)
+        )
 
 
 def _renumbered(tree):
@@ -337,10 +351,22 @@ def test_documents_no_rank_could_read_are_summed_over_ranks_into_the_run_log(sha
     local = shard_copy(shards_dir, tmp_path / "shards")
     dead = read_manifest(local)["splits"]["train"][1]["name"]
     with serve(Path(local), fail={dead: 10**6}) as (url, counts):
-        proc = run_glm(["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), *FAST,
-                        f"data.shards_dir={url}", f"train.out_dir={tmp_path / 'run'}", "train.max_steps=3",
-                        "train.grad_accum_steps=4", "data.read_backoff_s=0.01", "data.read_retries=1",
-                        "data.num_workers=1"], nproc=2)
+        proc = run_glm(
+            [
+                "train",
+                "-c",
+                str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
+                *FAST,
+                f"data.shards_dir={url}",
+                f"train.out_dir={tmp_path / 'run'}",
+                "train.max_steps=3",
+                "train.grad_accum_steps=4",
+                "data.read_backoff_s=0.01",
+                "data.read_retries=1",
+                "data.num_workers=1",
+            ],
+            nproc=2,
+        )
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     data = [r for r in rows if r["kind"] == "data"]
     assert [r["step"] for r in data] == [0, 3] and data[0]["skipped_documents"] == 0
@@ -353,8 +379,20 @@ def test_torchrun_ranks_read_at_most_their_share_of_the_documents(shards, tmp_pa
     d = shards("gpt2")
     for nproc in (2, 4):
         out = tmp_path / f"dp{nproc}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(ROOT / "bench/loader_scaling.py"), "--worker", d, "--out", str(out), "--steps", "4"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            str(ROOT / "bench/loader_scaling.py"),
+            "--worker",
+            d,
+            "--out",
+            str(out),
+            "--steps",
+            "4",
+        ]
         proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]

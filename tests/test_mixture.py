@@ -6,6 +6,7 @@ The sources are real text: the session's 500 pydoc documents (conftest ``corpus`
 JSONL files of different sizes, tokenized as data.mixture's ``source`` entries -- the first trains
 the tokenizer, the other two are tokenized with its tokenizer.json (data/mixture.py build_missing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,15 @@ def mix(corpus, tmp_path_factory):
         docs = f.read().splitlines()
     for name, (a, b) in CUTS.items():
         (root / f"{name}.jsonl").write_text("\n".join(docs[a:b]) + "\n")
-    data = DataConfig(vocab_size=2048, shard_max_bytes=64 * 1024, encode_workers=1, mixture=[
-        {"name": n, "shards_dir": str(root / n), "source": str(root / f"{n}.jsonl"), "weight": w}
-        for n, w in WEIGHTS.items()])
+    data = DataConfig(
+        vocab_size=2048,
+        shard_max_bytes=64 * 1024,
+        encode_workers=1,
+        mixture=[
+            {"name": n, "shards_dir": str(root / n), "source": str(root / f"{n}.jsonl"), "weight": w}
+            for n, w in WEIGHTS.items()
+        ],
+    )
     build_missing(data)
     return root, data, resolve_mixture(data, total_tokens=10**6)
 
@@ -101,7 +108,7 @@ def test_blended_index_from_any_position_is_the_stepwise_order():
             counts[s] += 1
         for start, n in ((0, 3000), (1234, 100), (2999, 1)):
             sources, numbers = blend.assign(start, n)
-            assert list(zip(sources.tolist(), numbers.tolist())) == stepwise[start:start + n]
+            assert list(zip(sources.tolist(), numbers.tolist())) == stepwise[start : start + n]
         sources, _ = blend.assign(0, 3000)
         drawn = np.cumsum(np.eye(len(weights), dtype=np.int64)[sources], axis=0)
         bound = 0.5 + len(weights) * np.asarray(weights) / 2
@@ -146,8 +153,9 @@ def test_a_sources_reshuffle_leaves_the_others_order(mix):
     _, _, mixture = mix
     weights = (0.5, 0.1, 0.4)  # wiki runs out twice in 150 steps
     one = Mixture(mixture.names, mixture.shards_dirs, mixture.sizes, weights)
-    other = Mixture(mixture.names, mixture.shards_dirs[:2] + (mixture.shards_dirs[1],), mixture.sizes,
-                    weights)  # 'wiki' now reads books' documents: other epochs, other reshuffles
+    other = Mixture(
+        mixture.names, mixture.shards_dirs[:2] + (mixture.shards_dirs[1],), mixture.sizes, weights
+    )  # 'wiki' now reads books' documents: other epochs, other reshuffles
     a, b = loader(one), loader(other)
     alone = Loader(mixture.shards_dirs[0], seq_len=SEQ, micro_batch_size=1, seed=mixture.seed(7, 0))._setup()
     k = 0
@@ -190,8 +198,12 @@ def test_proportional_and_temperature_mixing_follow_t5(mix):
     _, data, mixture = mix
     sizes, cap = np.asarray(mixture.sizes, dtype=float), 80_000
     for mixing, temperature in (("proportional", 1.0), ("temperature", 2.0), ("temperature", 4.0)):
-        cfg = DataConfig(mixture=[{k: v for k, v in s.items() if k != "weight"} for s in data.mixture],
-                         mixing=mixing, mixing_cap=cap, mixing_temperature=temperature)
+        cfg = DataConfig(
+            mixture=[{k: v for k, v in s.items() if k != "weight"} for s in data.mixture],
+            mixing=mixing,
+            mixing_cap=cap,
+            mixing_temperature=temperature,
+        )
         rates = np.minimum(sizes, cap) / np.minimum(sizes, cap).sum()  # T5 section 3.5.2: r_m = min(e_m, K) / sum
         rates = rates ** (1 / temperature) / (rates ** (1 / temperature)).sum()
         assert np.allclose(resolve_mixture(cfg, total_tokens=10**6).weights, rates, rtol=1e-12)
@@ -205,9 +217,15 @@ def test_proportional_and_temperature_mixing_follow_t5(mix):
 def test_mix_table_counts_what_the_run_draws_and_warns_on_repeats(mix, tmp_path, capsys):
     _, data, mixture = mix
     config = tmp_path / "mix.yaml"
-    config.write_text(json.dumps({"base": TINY, "data": {"mixture": data.mixture, "seq_len": SEQ,
-                                                         "max_epochs_warning": 0.6},
-                                  "train": {"max_steps": 100, "micro_batch_size": 8, "grad_accum_steps": 1}}))
+    config.write_text(
+        json.dumps(
+            {
+                "base": TINY,
+                "data": {"mixture": data.mixture, "seq_len": SEQ, "max_epochs_warning": 0.6},
+                "train": {"max_steps": 100, "micro_batch_size": 8, "grad_accum_steps": 1},
+            }
+        )
+    )
     parser = argparse.ArgumentParser()
     mix_report.add_arguments(parser)
     args = parser.parse_args(["-c", str(config)])
@@ -227,13 +245,19 @@ BAD = {
     "unknown key": ([{"name": "a", "shards_dir": "x", "wieght": 1.0}], "unknown key(s) 'wieght' in data.mixture[0]"),
     "both": ([{"name": "a", "shards_dir": "x", "weight": 1.0, "epochs": 2}], "got weight and epochs"),
     "neither": ([{"name": "a", "shards_dir": "x"}], "got neither"),
-    "weight <= 0": ([{"name": "a", "shards_dir": "x", "weight": 1.0}, {"name": "b", "shards_dir": "y", "weight": 0}],
-                    "data.mixture[1].weight = 0 ('b') must be a number > 0"),
+    "weight <= 0": (
+        [{"name": "a", "shards_dir": "x", "weight": 1.0}, {"name": "b", "shards_dir": "y", "weight": 0}],
+        "data.mixture[1].weight = 0 ('b') must be a number > 0",
+    ),
     "empty path": ([{"name": "a", "shards_dir": "", "weight": 1.0}], "data.mixture[0].shards_dir = '' must be"),
-    "duplicate": ([{"name": "a", "shards_dir": "x", "weight": 0.5}, {"name": "a", "shards_dir": "y", "weight": 0.5}],
-                  "names source(s) 'a' more than once"),
-    "sum": ([{"name": "a", "shards_dir": "x", "weight": 0.6}, {"name": "b", "shards_dir": "y", "weight": 0.3}],
-            "weights sum to 0.9, not 1"),
+    "duplicate": (
+        [{"name": "a", "shards_dir": "x", "weight": 0.5}, {"name": "a", "shards_dir": "y", "weight": 0.5}],
+        "names source(s) 'a' more than once",
+    ),
+    "sum": (
+        [{"name": "a", "shards_dir": "x", "weight": 0.6}, {"name": "b", "shards_dir": "y", "weight": 0.3}],
+        "weights sum to 0.9, not 1",
+    ),
 }
 
 
@@ -256,8 +280,14 @@ def test_normalize_weights_divides_by_the_sum(tmp_path):
 def test_glm_config_show_refuses_a_malformed_mixture_with_exit_2(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text(json.dumps({"base": TINY, "data": {"mixture": BAD["both"][0]}}))
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "config", "show", "-c", str(config)], cwd=ROOT,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", "config", "show", "-c", str(config)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "exactly one of weight" in proc.stderr
 
@@ -265,8 +295,13 @@ def test_glm_config_show_refuses_a_malformed_mixture_with_exit_2(tmp_path):
 def test_sources_with_other_tokenizers_or_no_training_tokens_are_refused(mix, tmp_path):
     root, data, _ = mix
     prepare_shards(source=str(root / "wiki.jsonl"), out_dir=str(tmp_path / "own"), vocab_size=1000, workers=1)
-    prepare_shards(source=str(root / "wiki.jsonl"), out_dir=str(tmp_path / "held"), workers=1, val_per_mille=1000,
-                   tokenizer=str(root / "crawl" / "tokenizer.json"))
+    prepare_shards(
+        source=str(root / "wiki.jsonl"),
+        out_dir=str(tmp_path / "held"),
+        workers=1,
+        val_per_mille=1000,
+        tokenizer=str(root / "crawl" / "tokenizer.json"),
+    )
     for folder, words in (("own", "use different tokenizers (gpt2 byte-bpe, 2048 tokens"), ("held", "no training")):
         entries = [*data.mixture[:2], {**data.mixture[2], "shards_dir": str(tmp_path / folder)}]
         with pytest.raises(GlmError, match=words.replace("(", r"\(")) as err:
@@ -295,8 +330,16 @@ def test_row_groups_add_each_sources_tokens_of_a_gathered_loss(mix):
         cross_entropy(logits.flatten(0, 1)[:-2], labels.flatten()[:-2])  # 146 tokens over 4 rows
 
 
-RUN = [*FAST, "model.vocab_size=2048", "train.max_steps=4", "train.grad_accum_steps=2", "train.eval_interval=2",
-       "train.eval_batches=2", "train.save_interval=0", "logging.log_interval=1"]  # global batch 8 of 64 tokens
+RUN = [
+    *FAST,
+    "model.vocab_size=2048",
+    "train.max_steps=4",
+    "train.grad_accum_steps=2",
+    "train.eval_interval=2",
+    "train.eval_batches=2",
+    "train.save_interval=0",
+    "logging.log_interval=1",
+]  # global batch 8 of 64 tokens
 
 
 @pytest.fixture(scope="module")
@@ -364,8 +407,18 @@ def test_data_card_holds_each_sources_tokens_and_epochs(mix, mixture_run):
 
 
 def test_a_run_on_one_shard_set_logs_nothing_per_source(mix, tmp_path):
-    run_glm(["train", "-c", TINY, *RUN, "train.max_steps=2", "train.eval_batches=1",
-             f"data.shards_dir={mix[2].shards_dirs[0]}", f"train.out_dir={tmp_path}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            TINY,
+            *RUN,
+            "train.max_steps=2",
+            "train.eval_batches=1",
+            f"data.shards_dir={mix[2].shards_dirs[0]}",
+            f"train.out_dir={tmp_path}",
+        ]
+    )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {r["kind"] for r in rows} >= {"train", "val"}
     assert not [k for r in rows for k in r if "/" in k] and not (tmp_path / "data_card.json").exists()

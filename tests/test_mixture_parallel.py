@@ -4,6 +4,7 @@ beyond CLM, and feeding XLNet's streams.
 The sources are real text: the session's embedded corpus (conftest ``shards_dir``) and 130 of the
 pydoc documents (conftest ``corpus``) tokenized with its tokenizer.json.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -30,15 +31,23 @@ def second_source(corpus: str, first: str, out) -> str:
         docs = f.read().splitlines()[300:430]
     (out / "books.jsonl").write_text("\n".join(docs) + "\n")
     profile = json.loads((Path(first) / "manifest.json").read_text())["tokenizer"]["profile"]
-    prepare_shards(source=str(out / "books.jsonl"), out_dir=str(out / "books"), tokenizer=f"{first}/tokenizer.json",
-                   profile=profile, shard_max_bytes=64 * 1024, workers=1)
+    prepare_shards(
+        source=str(out / "books.jsonl"),
+        out_dir=str(out / "books"),
+        tokenizer=f"{first}/tokenizer.json",
+        profile=profile,
+        shard_max_bytes=64 * 1024,
+        workers=1,
+    )
     return str(out / "books")
 
 
 def mixed(first: str, second: str) -> list[dict]:
     """data.mixture: ``first`` 70 %, ``second`` 30 % of the training tokens."""
-    return [{"name": "crawl", "shards_dir": first, "weight": 0.7},
-            {"name": "books", "shards_dir": second, "weight": 0.3}]
+    return [
+        {"name": "crawl", "shards_dir": first, "weight": 0.7},
+        {"name": "books", "shards_dir": second, "weight": 0.3},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +72,16 @@ def one_process(mix_config, tmp_path_factory) -> tuple[list[float], Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [["parallel.pipeline_stages=2"], ["parallel.tensor_parallel=2"]],
-                         ids=["pp2", "tp2"])
+@pytest.mark.parametrize("layout", [["parallel.pipeline_stages=2"], ["parallel.tensor_parallel=2"]], ids=["pp2", "tp2"])
 def test_a_mixture_trains_under_pipeline_and_tensor_parallelism_with_the_one_process_losses(
-        layout, mix_config, one_process, tmp_path):
+    layout, mix_config, one_process, tmp_path
+):
     """The pipeline's last stage reads the same blended rows as one process (its middle stages read
     nothing); the tensor ranks share tensor rank 0's read, ``source`` included."""
-    run_glm(["train", "-c", mix_config, *PIPE, *STEPS, "train.grad_accum_steps=8", *layout,
-             f"train.out_dir={tmp_path}"], nproc=2)
+    run_glm(
+        ["train", "-c", mix_config, *PIPE, *STEPS, "train.grad_accum_steps=8", *layout, f"train.out_dir={tmp_path}"],
+        nproc=2,
+    )
     losses, reference = train_losses(tmp_path), one_process[0]
     assert len(losses) == len(reference) == 3
     assert max(abs(a - b) for a, b in zip(losses, reference)) <= PIPE_TOL, (losses, reference)
@@ -97,9 +108,19 @@ def test_a_data_position_of_another_mixture_is_one_line_and_exit_2(mix_config, o
     config = tmp_path / "other.json"
     mixture = [{**s, "weight": w} for s, w in zip(reference["data"]["mixture"], (0.6, 0.4))]
     config.write_text(json.dumps({**reference, "data": {"mixture": mixture}}))
-    proc = run_glm(["train", "-c", str(config), *PIPE, "train.max_steps=4", "train.grad_accum_steps=8",
-                    f"train.resume={one_process[1]}/checkpoints/step_00000003", f"train.out_dir={tmp_path / 'run'}"],
-                   check=False)
+    proc = run_glm(
+        [
+            "train",
+            "-c",
+            str(config),
+            *PIPE,
+            "train.max_steps=4",
+            "train.grad_accum_steps=8",
+            f"train.resume={one_process[1]}/checkpoints/step_00000003",
+            f"train.out_dir={tmp_path / 'run'}",
+        ],
+        check=False,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
     assert "the mixture crawl=" in proc.stderr and "resume with the same sources and weights" in proc.stderr
 
@@ -109,9 +130,13 @@ def test_every_position_mismatch_is_a_one_line_glm_error(shards_dir):
 
     kw = dict(seq_len=64, micro_batch_size=2, seed=1)
     state = Loader(shards_dir, **kw).state_dict()
-    cases = {"format": {**state, "format": "v0"}, "objective": {**state, "objective": "mlm"},
-             "streams": {**state, "streams": 4}, "seed": {**state, "seed": 2},
-             "mixture": {**state, "mixture": {"names": ["a", "b"], "weights": [1, 2]}}}
+    cases = {
+        "format": {**state, "format": "v0"},
+        "objective": {**state, "objective": "mlm"},
+        "streams": {**state, "streams": 4},
+        "seed": {**state, "seed": 2},
+        "mixture": {**state, "mixture": {"names": ["a", "b"], "weights": [1, 2]}},
+    }
     for key, saved in cases.items():
         with pytest.raises(PositionMismatch) as err:
             Loader(shards_dir, **kw).load_state_dict(saved)
@@ -136,13 +161,14 @@ def test_mlm_and_span_corruption_rows_are_their_sources_own_samples(objective, p
     batches = ld.next_step()
     sources, numbers = mixture.blend.assign(8, 8)
     assert torch.cat([b["source"] for b in batches]).tolist() == sources.tolist() and set(sources.tolist()) == {0, 1}
-    alone = [Loader(root, micro_batch_size=1, seed=mixture.seed(3, s), **kw)
-             for s, root in enumerate(mixture.shards_dirs)]
+    alone = [
+        Loader(root, micro_batch_size=1, seed=mixture.seed(3, s), **kw) for s, root in enumerate(mixture.shards_dirs)
+    ]
     for row, (s, k) in enumerate(zip(sources.tolist(), numbers.tolist())):
         alone[s].samples = k
         own, mixed_row = alone[s].next_step()[0], {key: v[row % 4] for key, v in batches[row // 4].items()}
         for key, value in own.items():  # a row of the mixed batch: the sample, then the batch's padding
-            assert torch.equal(mixed_row[key][..., :value.shape[-1]], value[0]), (objective, key, row)
+            assert torch.equal(mixed_row[key][..., : value.shape[-1]], value[0]), (objective, key, row)
 
 
 def test_xlnet_streams_draw_each_next_unit_from_the_mixture(shards, corpus, tmp_path):
@@ -153,8 +179,10 @@ def test_xlnet_streams_draw_each_next_unit_from_the_mixture(shards, corpus, tmp_
     mixture = source_pair(shards, "xlnet", corpus, tmp_path)
     kw = dict(objective="plm", seq_len=32, grad_accum_steps=1, streams=True)
     two = [Loader(mixture, micro_batch_size=4, dp_rank=r, dp_size=2, seed=6, **kw) for r in range(2)]
-    alone = [Loader(root, micro_batch_size=8, seed=mixture.seed(6, s), **kw)._setup()
-             for s, root in enumerate(mixture.shards_dirs)]
+    alone = [
+        Loader(root, micro_batch_size=8, seed=mixture.seed(6, s), **kw)._setup()
+        for s, root in enumerate(mixture.shards_dirs)
+    ]
     taken = np.zeros((2, 8), dtype=np.int64)  # units of source s stream b has taken
     for t in range(12):
         located = [two[0].locate(b) for b in range(8)]
@@ -168,7 +196,8 @@ def test_xlnet_streams_draw_each_next_unit_from_the_mixture(shards, corpus, tmp_
             assert np.array_equal(from_runs(loc.unit.leaves[0]), from_runs(own.unit.leaves[0]))
             taken[s, b] += 1
     assert (taken > 0).all() and {n: d["tokens"] for n, d in two[0].drawn().items()} == {
-        name: int(taken[s].sum()) * 32 for s, name in enumerate(mixture.names)}
+        name: int(taken[s].sum()) * 32 for s, name in enumerate(mixture.names)
+    }
     elastic = Loader(mixture, micro_batch_size=8, seed=6, **kw)
     elastic.load_state_dict(two[1].state_dict())
     one, split = elastic.next_step()[0], [ld.next_step()[0] for ld in two]

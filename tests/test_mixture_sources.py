@@ -1,5 +1,6 @@
 """The offline sources a data mixture draws on (manual pages, WordNet glosses) read from the installed
 Debian packages, and the published mixture recipes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,11 @@ from glm_dist.data.mix_report import mix_table
 ROOT = Path(__file__).resolve().parents[1]
 
 # a roff request or escape left in the text (man(7) macros and the requests pages use)
-ROFF_REQUEST = re.compile(r"^[.'](TH|SH|SS|B|I|BR|IR|RB|RI|BI|IB|PP|LP|P|TP|IP|RS|RE|EX|EE|nf|fi|in|sp|br|UR|UE"
-                          r"|de|if|ie|el|ds|nr|TS|TE|ft|ad|PD)(\s|$)", re.M)
+ROFF_REQUEST = re.compile(
+    r"^[.'](TH|SH|SS|B|I|BR|IR|RB|RI|BI|IB|PP|LP|P|TP|IP|RS|RE|EX|EE|nf|fi|in|sp|br|UR|UE"
+    r"|de|if|ie|el|ds|nr|TS|TE|ft|ad|PD)(\s|$)",
+    re.M,
+)
 ROFF_ESCAPE = re.compile(r"\\f[BIRP]|\\\([a-z][a-z]|\\\*[(\[]")  # a font, special character or string
 # pages whose text rightly starts lines with a dot: the two that teach the markup, and the list of file suffixes
 QUOTES_MARKUP = ("manpages:man7/man.7", "manpages:man7/man-pages.7", "manpages:man7/suffixes.7")
@@ -77,9 +81,11 @@ def test_wordnet_source_is_runs_of_one_lexicographer_file():
         assert doc["id"].startswith(f"wordnet:{lexname}#")
         assert len(body) < MAX_DOC_CHARS + 1000 and "|" not in body  # no database fields left
     animals = "\n".join(d["text"] for d in docs if d["id"].startswith("wordnet:noun.animal#"))
-    assert ('dog, domestic dog, Canis familiaris (noun): a member of the genus Canis (probably descended from the '
-            'common wolf) that has been domesticated by man since prehistoric times; occurs in many breeds; '
-            '"the dog barked all night"\n') in animals
+    assert (
+        "dog, domestic dog, Canis familiaris (noun): a member of the genus Canis (probably descended from the "
+        "common wolf) that has been domesticated by man since prehistoric times; occurs in many breeds; "
+        '"the dog barked all night"\n'
+    ) in animals
 
 
 def test_named_sources_refuse_what_they_do_not_take():
@@ -94,8 +100,10 @@ def test_named_sources_refuse_what_they_do_not_take():
     with pytest.raises(PipelineError, match="not a folder of manual pages"):
         list(manpage_documents("/nonexistent/man"))
     mixture = [{"name": "wn", "shards_dir": "data/wn", "source": "wordnet:/usr/share/wordnet", "weight": 1.0}]
-    cfg = load_config(ROOT / "configs/experiments/mixture-tiny-cpu.yaml",
-                      ["data.source=manpages:/usr/share/man", f"data.mixture={json.dumps(mixture)}"])
+    cfg = load_config(
+        ROOT / "configs/experiments/mixture-tiny-cpu.yaml",
+        ["data.source=manpages:/usr/share/man", f"data.mixture={json.dumps(mixture)}"],
+    )
     assert cfg.data.source == "manpages:/usr/share/man" and cfg.data.mixture[0]["source"].startswith("wordnet:")
 
 
@@ -122,7 +130,10 @@ def test_every_gpt3_recipe_mixes_the_papers_five_sources_at_their_rates():
         load_config(recipes[0], ["data.normalize_weights=false"])
     tiny = load_config(ROOT / "configs/experiments/mixture-tiny-cpu.yaml").data
     assert [(s["name"], s["source"], s["weight"]) for s in tiny.mixture] == [
-        ("embedded", "embedded", 0.5), ("wordnet", "wordnet", 0.2), ("manpages", "manpages", 0.3)]
+        ("embedded", "embedded", 0.5),
+        ("wordnet", "wordnet", 0.2),
+        ("manpages", "manpages", 0.3),
+    ]
 
 
 def test_gpt3_recipe_mix_table_on_tiny_stand_ins(shards):

@@ -1,4 +1,5 @@
 """GPT model: published sizes, structure, sparse attention, no distribution imports."""
+
 from __future__ import annotations
 
 import ast
@@ -32,16 +33,22 @@ def test_gpt2_counts_equal_transformers_exactly(name):
     cfg = published_flavors("gpt")[name].cfg
     with torch.device("meta"):
         ours = count_parameters(build_model("gpt", cfg))
-        theirs = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head,
-                                            n_embd=cfg.d_model)).num_parameters()
+        theirs = GPT2LMHeadModel(
+            GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.d_model)
+        ).num_parameters()
     assert ours == theirs
 
 
 def test_models_import_nothing_distributed():
     for path in (ROOT / "glm_dist/models").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 assert not name.startswith(("deepspeed", "torch.distributed")), f"{path} imports {name}"
 
@@ -122,8 +129,19 @@ def test_encoder_published_size_reproduces_published_parameter_count(name):
     assert abs(n - flavor.params) / flavor.params <= flavor.tol, f"{name}: {n:,} vs {flavor.params:,.0f}"
 
 
-@pytest.mark.parametrize("name", ["bert-base", "bert-large", "roberta-base", "roberta-large", "albert-base",
-                                  "albert-xxlarge", "electra-small", "electra-large"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bert-base",
+        "bert-large",
+        "roberta-base",
+        "roberta-large",
+        "albert-base",
+        "albert-xxlarge",
+        "electra-small",
+        "electra-large",
+    ],
+)
 def test_encoder_counts_equal_transformers_exactly(name):
     from glm_dist.families.bert.hf import hf_model_class, to_hf_config
 

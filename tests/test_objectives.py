@@ -1,5 +1,6 @@
 """Objectives against their published parameters, on real shards of the embedded corpus, with
 each family's tokenizer. Rates are measured over thousands of sequences."""
+
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from glm_dist.objectives import denoising, electra, mlm, span_corruption
 from glm_dist.objectives.mlm import IGNORE_INDEX, MaskingOptions
 from glm_dist.objectives.registry import get_objective
 
+
 def batches(shards_dir, objective, *, n_steps, seq_len=128, micro=32, options=None, seed=3):
     ld = Loader(shards_dir, objective=objective, seq_len=seq_len, micro_batch_size=micro, seed=seed, options=options)
     return ld, [ld.next_step()[0] for _ in range(n_steps)]
@@ -22,9 +24,11 @@ def batches(shards_dir, objective, *, n_steps, seq_len=128, micro=32, options=No
 def mlm_stats(inputs, labels, originals, mask_id):
     chosen = labels != IGNORE_INDEX
     n = chosen.sum()
-    return {"masked": (inputs[chosen] == mask_id).sum() / n,
-            "random": ((inputs[chosen] != mask_id) & (inputs[chosen] != originals[chosen])).sum() / n,
-            "kept": (inputs[chosen] == originals[chosen]).sum() / n}
+    return {
+        "masked": (inputs[chosen] == mask_id).sum() / n,
+        "random": ((inputs[chosen] != mask_id) & (inputs[chosen] != originals[chosen])).sum() / n,
+        "kept": (inputs[chosen] == originals[chosen]).sum() / n,
+    }
 
 
 def test_mlm_selects_15_percent_split_80_10_10_and_never_specials(shards):
@@ -49,17 +53,26 @@ def test_mlm_matches_transformers_collator_distributionally(shards):
     from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
     d = shards("roberta")
-    tok = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json", bos_token="<s>", eos_token="</s>",
-                                  pad_token="<pad>", unk_token="<unk>", mask_token="<mask>", cls_token="<s>",
-                                  sep_token="</s>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=f"{d}/tokenizer.json",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        cls_token="<s>",
+        sep_token="</s>",
+    )
     ld, bs = batches(d, "mlm", n_steps=30)
     ours_in = torch.cat([b["input_ids"] for b in bs])
     ours_lab = torch.cat([b["labels"] for b in bs])
     originals = torch.where(ours_lab != IGNORE_INDEX, ours_lab, ours_in)
     torch.manual_seed(0)
     hf = DataCollatorForLanguageModeling(tok, mlm_probability=0.15)([{"input_ids": o} for o in originals.tolist()])
-    ours, theirs = (mlm_stats(i.numpy(), lab.numpy(), originals.numpy(), ld.vocab.id("mask"))
-                    for i, lab in ((ours_in, ours_lab), (hf["input_ids"], hf["labels"])))
+    ours, theirs = (
+        mlm_stats(i.numpy(), lab.numpy(), originals.numpy(), ld.vocab.id("mask"))
+        for i, lab in ((ours_in, ours_lab), (hf["input_ids"], hf["labels"]))
+    )
     rate_ours = (ours_lab != IGNORE_INDEX).float().mean().item()
     rate_hf = (hf["labels"] != IGNORE_INDEX).float().mean().item()
     assert rate_ours == pytest.approx(rate_hf, abs=0.005)
@@ -81,14 +94,17 @@ def test_masks_change_every_epoch_and_replay_on_resume(shards):
     for a, b in zip(after, [resumed.next_step()[0] for _ in range(3)]):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
     unit = np.arange(10, 138)
-    epoch0 = get_objective("clm").sample(unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab,
-                                         opts=get_objective("clm").options())
+    epoch0 = get_objective("clm").sample(
+        unit, np.random.default_rng([1, 0, 0]), vocab=ld.vocab, opts=get_objective("clm").options()
+    )
     assert epoch0["input_ids"].shape == (127,)
     opts = get_objective("mlm").options()
-    m0 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab,
-                                     opts=opts)
-    m1 = get_objective("mlm").sample((unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab,
-                                     opts=opts)
+    m0 = get_objective("mlm").sample(
+        (unit, np.array([0])), np.random.default_rng([1, 1, 0, 0, 5]), vocab=ld.vocab, opts=opts
+    )
+    m1 = get_objective("mlm").sample(
+        (unit, np.array([0])), np.random.default_rng([1, 1, 1, 1, 5]), vocab=ld.vocab, opts=opts
+    )
     assert not np.array_equal(m0["labels"], m1["labels"])  # same text, new epoch, new mask
     assert first[0]["input_ids"].shape[0] == 8 and first[0]["input_ids"].shape[1] <= 64  # FULL-SENTENCES: <= max
 
@@ -155,7 +171,7 @@ def test_sop_pairs_are_consecutive_segments_swapped_half_the_time(shards):
     builder = PairBuilder(64, cls_id=2, sep_id=3, swap=True)
     for pair, _ in zip(builder.units(docs, lambda k: np.random.default_rng(k)), range(300)):
         t, segs = pair["tokens"], pair["token_type_ids"]
-        a, b_ = t[1:int((segs == 0).sum()) - 1], t[int((segs == 0).sum()):-1]
+        a, b_ = t[1 : int((segs == 0).sum()) - 1], t[int((segs == 0).sum()) : -1]
         assert (a[-1] < b_[0]) == (pair["sentence_label"] == 0)
     labels = torch.cat([x["labels"] for x in bs]).numpy()
     originals = np.where(labels != IGNORE_INDEX, labels, torch.cat([x["input_ids"] for x in bs]).numpy())
@@ -197,7 +213,7 @@ def test_t5_span_corruption_lengths_spans_and_sentinels(shards):
         if tok in sentinels:
             k = t.index(tok)
             nxt = next((i for i in range(k + 1, len(t)) if t[i] in sentinels), len(t))
-            rebuilt.extend(t[k + 1:nxt])
+            rebuilt.extend(t[k + 1 : nxt])
         else:
             rebuilt.append(tok)
     assert rebuilt == raw.tolist()
@@ -261,11 +277,18 @@ def test_xlnet_permutation_inputs_match_the_reference_collator_statistics(shards
     labels = torch.cat([b["labels"] for b in bs])
     perm = torch.cat([b["perm_mask"] for b in bs])
     predicted = labels != IGNORE_INDEX
-    tok = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json", mask_token="<mask>", pad_token="<pad>",
-                                  unk_token="<unk>", cls_token="<cls>", sep_token="<sep>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=f"{d}/tokenizer.json",
+        mask_token="<mask>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        cls_token="<cls>",
+        sep_token="<sep>",
+    )
     torch.manual_seed(0)
-    hf = DataCollatorForPermutationLanguageModeling(tok)([{"input_ids": r}
-                                                          for r in torch.cat([b["input_ids"] for b in bs]).tolist()])
+    hf = DataCollatorForPermutationLanguageModeling(tok)(
+        [{"input_ids": r} for r in torch.cat([b["input_ids"] for b in bs]).tolist()]
+    )
     assert predicted.float().mean().item() == pytest.approx((hf["labels"] != -100).float().mean().item(), abs=0.01)
     assert predicted.float().mean().item() == pytest.approx(1 / 6, abs=0.02)
     diag = torch.diagonal(perm, dim1=1, dim2=2)

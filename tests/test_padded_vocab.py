@@ -3,6 +3,7 @@ computes as the unpadded one -- the same logits, loss and gradients in fp32, nev
 generated, published parameter counts, exports of the real size that transformers reproduces, and
 unpadded state dicts (checkpoints from before, transformers models) load. Under the vocabulary split
 of tensor parallelism the padding falls on the last rank's rows and is left out there too."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,8 +85,9 @@ def test_losses_of_given_logits_and_argmax_leave_the_padding_out():
     with vocab_padding(84):
         loss = cross_entropy(logits.requires_grad_(), batch["labels"], reduction="mean", chunk_tokens=32)
         assert torch.equal(predicted(logits), real.argmax(-1))
-    torch.testing.assert_close(loss, F.cross_entropy(real.flatten(0, 1), batch["labels"].flatten()),
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        loss, F.cross_entropy(real.flatten(0, 1), batch["labels"].flatten()), rtol=1e-6, atol=1e-6
+    )
     (grad,) = torch.autograd.grad(loss, logits)
     assert torch.equal(grad[..., VOCAB:], torch.zeros_like(grad[..., VOCAB:]))
 
@@ -141,8 +143,9 @@ def test_parameter_counts_and_flops_count_the_real_vocabulary(name):
     cfg = published_flavors("gpt")[name].cfg
     with torch.device("meta"):
         padded, whole = build_model("gpt", replace(cfg, pad_vocab_to_multiple_of=128)), build_model("gpt", cfg)
-        hf = GPT2LMHeadModel(GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.d_model,
-                                        n_positions=cfg.context_length))
+        hf = GPT2LMHeadModel(
+            GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.d_model, n_positions=cfg.context_length)
+        )
     assert padded.embed.wte.weight.shape[0] == 50304
     assert count_parameters(padded) == count_parameters(whole) == hf.num_parameters()
     assert padded.num_flops_per_token(1024) == whole.num_flops_per_token(1024)
@@ -160,7 +163,7 @@ def test_a_padded_gpt_is_refused_by_the_pipeline_with_the_fix():
         validate(cfg, world_size=2)
 
 
-TP_SCRIPT = r'''
+TP_SCRIPT = r"""
 import json, sys
 from dataclasses import replace
 import torch, torch.distributed as dist
@@ -204,16 +207,29 @@ with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
 dist.barrier()
 dist.destroy_process_group()  # gloo's threads torn down before exit (else "terminate called...", SIGABRT)
-'''
+"""
 
 
 def test_vocab_parallel_padding_sits_on_the_last_rank_and_is_left_out(tmp_path):
     """2 gloo ranks, vocabulary 300 padded to 384: each rank 192 rows, the last one 108 real."""
     script = tmp_path / "script.py"
     script.write_text(TP_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(tmp_path)], cwd=ROOT, env=clean_env(1), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=clean_env(1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["rows"] for r in ranks] == [[0, 192], [192, 384]] and ranks[1]["width"] == 192

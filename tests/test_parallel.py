@@ -1,5 +1,6 @@
 """3D-parallel layouts: the topology's axes and its errors, and glm plan against DeepSpeed's own
 memory estimators."""
+
 from __future__ import annotations
 
 import json
@@ -19,30 +20,39 @@ from tests.conftest import ROOT, TINY, clean_env, tagged_json
 def test_topology_names_the_axes_and_checks_the_world_size():
     topo = Topology.for_world(8, pipeline=2, tensor=2)
     assert (topo.data, topo.pipeline, topo.tensor) == (2, 2, 2)
-    assert [topo.coords(r) for r in (0, 1, 2, 7)] == [{"tensor": 0, "data": 0, "pipeline": 0},
-                                                       {"tensor": 1, "data": 0, "pipeline": 0},
-                                                       {"tensor": 0, "data": 1, "pipeline": 0},
-                                                       {"tensor": 1, "data": 1, "pipeline": 1}]
+    assert [topo.coords(r) for r in (0, 1, 2, 7)] == [
+        {"tensor": 0, "data": 0, "pipeline": 0},
+        {"tensor": 1, "data": 0, "pipeline": 0},
+        {"tensor": 0, "data": 1, "pipeline": 0},
+        {"tensor": 1, "data": 1, "pipeline": 1},
+    ]
     assert topo.group("tensor", 2) == [2, 3] and topo.group("data", 1) == [1, 3] and topo.group("pipeline", 3) == [3, 7]
     # The same order as DeepSpeed's pipeline topology (pipe outermost, model innermost).
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     ds = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
-    assert all(ds.get_coord(r).pipe == topo.coords(r)["pipeline"] and ds.get_coord(r).data == topo.coords(r)["data"]
-               and ds.get_coord(r).model == topo.coords(r)["tensor"] for r in range(8))
+    assert all(
+        ds.get_coord(r).pipe == topo.coords(r)["pipeline"]
+        and ds.get_coord(r).data == topo.coords(r)["data"]
+        and ds.get_coord(r).model == topo.coords(r)["tensor"]
+        for r in range(8)
+    )
     assert all(topo.rank(**topo.coords(r)) == r for r in range(8))
     with pytest.raises(ConfigError, match="world size 6 is not divisible by pipeline_stages 2 x tensor_parallel 2 = 4"):
         Topology.for_world(6, pipeline=2, tensor=2)
 
 
-@pytest.mark.parametrize("world, overrides, message", [
-    (6, ["parallel.tensor_parallel=3"], "tensor_parallel=3 does not divide the attention heads"),
-    (8, ["parallel.pipeline_stages=2", "parallel.zero_stage=3"], "runs with ZeRO stage 0 or 1 only"),
-    (8, ["parallel.pipeline_stages=8"], "pipeline_stages=8 is more than the model's 4 layers"),
-    (8, ["parallel.tensor_parallel=4", "parallel.gpus_per_node=2"], "exceeds the 2 GPUs of a node"),
-    (8, ["parallel.offload_params=true", "parallel.zero_stage=2"], "offload_params needs parallel.zero_stage=3"),
-    (2, ["parallel.tensor_parallel=2", "train.optimizer=adafactor"], "adafactor keeps factored moments"),
-])
+@pytest.mark.parametrize(
+    "world, overrides, message",
+    [
+        (6, ["parallel.tensor_parallel=3"], "tensor_parallel=3 does not divide the attention heads"),
+        (8, ["parallel.pipeline_stages=2", "parallel.zero_stage=3"], "runs with ZeRO stage 0 or 1 only"),
+        (8, ["parallel.pipeline_stages=8"], "pipeline_stages=8 is more than the model's 4 layers"),
+        (8, ["parallel.tensor_parallel=4", "parallel.gpus_per_node=2"], "exceeds the 2 GPUs of a node"),
+        (8, ["parallel.offload_params=true", "parallel.zero_stage=2"], "offload_params needs parallel.zero_stage=3"),
+        (2, ["parallel.tensor_parallel=2", "train.optimizer=adafactor"], "adafactor keeps factored moments"),
+    ],
+)
 def test_bad_layouts_are_refused_with_the_numbers(world, overrides, message):
     cfg = load_config(TINY, overrides)
     with pytest.raises(ConfigError, match=message):
@@ -73,10 +83,16 @@ def test_plan_model_states_match_deepspeeds_estimators(gpus):
         (2, "none", estimate_zero2_model_states_mem_needs(P, gpus, 1, cpu_offload=False)[1]),
         (2, "optimizer", estimate_zero2_model_states_mem_needs(P, gpus, 1, cpu_offload=True)[1]),
         (3, "none", estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=False)[1]),
-        (3, "optimizer",
-         estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=False)[1]),
-        (3, "optimizer+params",
-         estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=True)[1]),
+        (
+            3,
+            "optimizer",
+            estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=False)[1],
+        ),
+        (
+            3,
+            "optimizer+params",
+            estimate_zero3_model_states_mem_needs(P, L, gpus, 1, cpu_offload=True, cpu_offload_params=True)[1],
+        ),
     ]
     for zero, offload, theirs in cases:
         ours = sum(model_state_bytes(P, L, gpus, zero, offload)[:3])
@@ -101,12 +117,31 @@ def test_plan_splits_stages_by_parameters_and_reports_the_bubble():
 
 
 def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "plan",
-                           "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
-                           "model.flavor=gpt3-175b", "model.vocab_size=50257", "data.seq_len=2048",
-                           "train.micro_batch_size=1",
-                           "train.grad_accum_steps=64", "--gpus", "512", "--gpu-mem", "80", "--json"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "plan",
+            "-c",
+            str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
+            "model.flavor=gpt3-175b",
+            "model.vocab_size=50257",
+            "data.seq_len=2048",
+            "train.micro_batch_size=1",
+            "train.grad_accum_steps=64",
+            "--gpus",
+            "512",
+            "--gpu-mem",
+            "80",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     best = out["recommended"]
@@ -115,17 +150,35 @@ def test_glm_plan_cli_recommends_a_layout_for_gpt3_175b():
     # Unsplit and unsharded, 175B cannot fit: every layout that fits splits the model or shards it.
     fitting = [lay for lay in out["layouts"] if lay["weights"] + lay["grads"] + lay["optimizer"] <= 0.9 * 80 * 2**30]
     assert fitting and all(lay["pp"] * lay["tp"] > 1 or lay["zero"] == 3 for lay in fitting)
-    total = (best["weights"] + best["grads"] + best["optimizer"]
-             + (best["activations_ckpt"] if out["activation_checkpointing"] else best["activations"]))
+    total = (
+        best["weights"]
+        + best["grads"]
+        + best["optimizer"]
+        + (best["activations_ckpt"] if out["activation_checkpointing"] else best["activations"])
+    )
     assert total <= 0.9 * 80 * 2**30
 
 
 # -- pipeline parallelism on the CPU (gloo): the same loss per step as one process ---------------------
-PIPE = ["model.n_layer=4", "model.d_model=64", "model.n_head=4", "data.seq_len=64", "train.micro_batch_size=2",
-        "train.warmup_steps=2", "train.eval_batches=2", "train.eval_interval=0", "train.save_interval=0",
-        "train.plot=false", "logging.wandb=false", "logging.progress=false", "train.precision=fp32",
-        "train.lr=3e-3", "train.max_steps=5", "logging.log_interval=1",
-        "parallel.zero_stage=0"]  # gradient clipping at 1.0 stays on
+PIPE = [
+    "model.n_layer=4",
+    "model.d_model=64",
+    "model.n_head=4",
+    "data.seq_len=64",
+    "train.micro_batch_size=2",
+    "train.warmup_steps=2",
+    "train.eval_batches=2",
+    "train.eval_interval=0",
+    "train.save_interval=0",
+    "train.plot=false",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.precision=fp32",
+    "train.lr=3e-3",
+    "train.max_steps=5",
+    "logging.log_interval=1",
+    "parallel.zero_stage=0",
+]  # gradient clipping at 1.0 stays on
 PIPE_TOL = 1e-5  # fp32; pipelines differ from one process only in summation order
 
 
@@ -171,15 +224,27 @@ def one_process(one_process_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, layout", [
-    # PP=2, 8 micro batches
-    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]),
-    # + ZeRO-1, stages cut at balanced parameter counts, blocks recomputed (checkpointing leaves the losses)
-    (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8", "parallel.zero_stage=1",
-         "parallel.pipeline_partition=parameters", "train.activation_checkpointing=true"]),
-    (4, ["parallel.pipeline_stages=4", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # PP=4 + ZeRO-1
-    (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
-], ids=["pp2", "pp2-zero1", "pp4", "dp2xpp2"])
+@pytest.mark.parametrize(
+    "nproc, layout",
+    [
+        # PP=2, 8 micro batches
+        (2, ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]),
+        # + ZeRO-1, stages cut at balanced parameter counts, blocks recomputed (checkpointing leaves the losses)
+        (
+            2,
+            [
+                "parallel.pipeline_stages=2",
+                "train.grad_accum_steps=8",
+                "parallel.zero_stage=1",
+                "parallel.pipeline_partition=parameters",
+                "train.activation_checkpointing=true",
+            ],
+        ),
+        (4, ["parallel.pipeline_stages=4", "train.grad_accum_steps=8", "parallel.zero_stage=1"]),  # PP=4 + ZeRO-1
+        (4, ["parallel.pipeline_stages=2", "train.grad_accum_steps=4"]),  # DP=2 x PP=2
+    ],
+    ids=["pp2", "pp2-zero1", "pp4", "dp2xpp2"],
+)
 def test_pipeline_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process_run):
 
     one_process, reference = one_process_run
@@ -209,13 +274,26 @@ def test_pipeline_stages_carry_the_models_own_weights():
 
     model = GPT(gpt_config("tiny", n_layer=2))
     names = set(model.state_dict())
-    keys = ["tied_modules.embed.wte.weight", "tied_modules.embed.wpe.weight", "1.ln_1.weight", "2.mlp.proj.bias",
-            "3.weight", "3.bias"]
+    keys = [
+        "tied_modules.embed.wte.weight",
+        "tied_modules.embed.wpe.weight",
+        "1.ln_1.weight",
+        "2.mlp.proj.bias",
+        "3.weight",
+        "3.bias",
+    ]
     mapped = [_source_name(k, 2) for k in keys]
-    assert mapped == ["embed.wte.weight", "embed.wpe.weight", "blocks.0.ln_1.weight", "blocks.1.mlp.proj.bias",
-                      "head.ln_f.weight", "head.ln_f.bias"]
-    assert set(mapped) <= names and torch.equal(model.state_dict()["head.lm_head.weight"],
-                                                model.state_dict()["embed.wte.weight"])
+    assert mapped == [
+        "embed.wte.weight",
+        "embed.wpe.weight",
+        "blocks.0.ln_1.weight",
+        "blocks.1.mlp.proj.bias",
+        "head.ln_f.weight",
+        "head.ln_f.bias",
+    ]
+    assert set(mapped) <= names and torch.equal(
+        model.state_dict()["head.lm_head.weight"], model.state_dict()["embed.wte.weight"]
+    )
 
 
 @pytest.mark.slow
@@ -223,8 +301,18 @@ def test_zero3_model_states_per_rank_shrink_as_one_over_n(shards_dir, tmp_path):
     """Measured per-rank parameter + optimizer bytes under ZeRO-3 at 1, 2 and 4 ranks: 1/N within 15%."""
     from tests.conftest import run_glm
 
-    args = ["train", "-c", TINY, *PIPE, f"data.shards_dir={shards_dir}", "parallel.zero_stage=3", "train.max_steps=2",
-            "model.d_model=128", "train.global_batch_size=8", "train.micro_batch_size=2"]
+    args = [
+        "train",
+        "-c",
+        TINY,
+        *PIPE,
+        f"data.shards_dir={shards_dir}",
+        "parallel.zero_stage=3",
+        "train.max_steps=2",
+        "model.d_model=128",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=2",
+    ]
     measured = {}
     for n in (1, 2, 4):
         out = tmp_path / f"n{n}"
@@ -238,17 +326,22 @@ def test_zero3_model_states_per_rank_shrink_as_one_over_n(shards_dir, tmp_path):
 def test_tensor_and_pipeline_parallelism_are_refused_for_families_without_them():
     t5 = str(ROOT / "configs/experiments/t5-tiny-cpu.yaml")
     xlnet = str(ROOT / "configs/experiments/xlnet-tiny-cpu.yaml")
-    with pytest.raises(ConfigError,
-                       match="splits the gpt, bert, roberta, albert, electra, t5, bart families, not xlnet"):
+    with pytest.raises(
+        ConfigError, match="splits the gpt, bert, roberta, albert, electra, t5, bart families, not xlnet"
+    ):
         validate(load_config(xlnet, ["parallel.tensor_parallel=2"]), world_size=2)
-    with pytest.raises(ConfigError,
-                       match=r"runs gpt \(clm\), bert \(mlm\), roberta \(mlm\), not t5 \(span_corruption\)"):
+    with pytest.raises(
+        ConfigError, match=r"runs gpt \(clm\), bert \(mlm\), roberta \(mlm\), not t5 \(span_corruption\)"
+    ):
         validate(load_config(t5, ["parallel.pipeline_stages=2"]), world_size=2)
     albert = str(ROOT / "configs/experiments/albert-tiny-cpu.yaml")
     with pytest.raises(ConfigError, match="runs gpt .* not albert"):
         validate(load_config(albert, ["parallel.pipeline_stages=2"]), world_size=2)
-    with pytest.raises(ConfigError, match="draws the weights of the gpt, gpt1, bert, roberta, albert, t5, bart "
-                                          "families by their rules, and xlnet has none"):
+    with pytest.raises(
+        ConfigError,
+        match="draws the weights of the gpt, gpt1, bert, roberta, albert, t5, bart "
+        "families by their rules, and xlnet has none",
+    ):
         validate(load_config(xlnet, ["train.init=local"]), world_size=1)
 
 
@@ -271,12 +364,23 @@ def test_tensor_slices_take_each_fused_part_and_reassemble():
 
 # -- tensor parallelism and resharded checkpoints: the same losses as one process ---------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, layout", [
-    (4, ["parallel.tensor_parallel=2", "train.grad_accum_steps=4", "parallel.zero_stage=1"]),  # TP=2 x DP=2
-    (4, ["parallel.tensor_parallel=2", "parallel.pipeline_stages=2", "train.grad_accum_steps=8",
-         "parallel.zero_stage=1"]),  # TP=2 x PP=2
-    (2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "train.grad_accum_steps=8"]),  # + SP
-], ids=["tp2xdp2", "tp2xpp2", "tp2-sp"])
+@pytest.mark.parametrize(
+    "nproc, layout",
+    [
+        (4, ["parallel.tensor_parallel=2", "train.grad_accum_steps=4", "parallel.zero_stage=1"]),  # TP=2 x DP=2
+        (
+            4,
+            [
+                "parallel.tensor_parallel=2",
+                "parallel.pipeline_stages=2",
+                "train.grad_accum_steps=8",
+                "parallel.zero_stage=1",
+            ],
+        ),  # TP=2 x PP=2
+        (2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "train.grad_accum_steps=8"]),  # + SP
+    ],
+    ids=["tp2xdp2", "tp2xpp2", "tp2-sp"],
+)
 def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shards_dir, tmp_path, one_process_run):
     """The vocabulary split too (parallel.vocab_parallel's default), and the sequence (tp2-sp)."""
     one_process, reference = one_process_run
@@ -286,8 +390,9 @@ def test_tensor_parallel_runs_match_one_process_step_by_step(nproc, layout, shar
         from glm_dist.parallel.plan import params_per_rank
 
         shape = model_shape(family("gpt"), model_config(load_config(TINY, [o for o in PIPE if o.startswith("model.")])))
-        measured = [json.loads((tmp_path / f"model_states_rank{r}.json").read_text())["params"] / 4
-                    for r in range(nproc)]
+        measured = [
+            json.loads((tmp_path / f"model_states_rank{r}.json").read_text())["params"] / 4 for r in range(nproc)
+        ]
         whole = json.loads((reference / "model_states_rank0.json").read_text())["params"] / 4
         assert whole == shape.params == params_per_rank(shape, 1, 1)
         assert all(abs(m / params_per_rank(shape, 1, 2) - 1) < 0.01 for m in measured), measured
@@ -314,16 +419,25 @@ def test_tensor_ranks_of_a_replica_share_one_read_with_the_one_process_losses(sh
 
 RESHARD_LEGS = {
     # Steps 1-2 at DP=4 (ZeRO-1), 3-4 at DP=2 x PP=2 (ZeRO-1), 5 at TP=2 x DP=2 (ZeRO-0)
-    "dp4-dp2xpp2-tp2xdp2": (4, [["train.grad_accum_steps=2", "parallel.zero_stage=1", "train.stop_at_step=2"],
-                                ["parallel.pipeline_stages=2", "train.grad_accum_steps=4", "parallel.zero_stage=1",
-                                 "train.stop_at_step=4"],
-                                ["parallel.tensor_parallel=2", "train.grad_accum_steps=4"]],
-                            {"data": 2, "pipeline": 1, "tensor": 2, "zero_stage": 0}),
+    "dp4-dp2xpp2-tp2xdp2": (
+        4,
+        [
+            ["train.grad_accum_steps=2", "parallel.zero_stage=1", "train.stop_at_step=2"],
+            ["parallel.pipeline_stages=2", "train.grad_accum_steps=4", "parallel.zero_stage=1", "train.stop_at_step=4"],
+            ["parallel.tensor_parallel=2", "train.grad_accum_steps=4"],
+        ],
+        {"data": 2, "pipeline": 1, "tensor": 2, "zero_stage": 0},
+    ),
     # 2 ranks: ZeRO-1, then ZeRO-3 (moments into its flat partitions), then PP=2 (ZeRO-0)
-    "zero1-zero3-pp2": (2, [["train.grad_accum_steps=4", "parallel.zero_stage=1", "train.stop_at_step=2"],
-                            ["train.grad_accum_steps=4", "parallel.zero_stage=3", "train.stop_at_step=4"],
-                            ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"]],
-                        {"data": 1, "pipeline": 2, "tensor": 1, "zero_stage": 0}),
+    "zero1-zero3-pp2": (
+        2,
+        [
+            ["train.grad_accum_steps=4", "parallel.zero_stage=1", "train.stop_at_step=2"],
+            ["train.grad_accum_steps=4", "parallel.zero_stage=3", "train.stop_at_step=4"],
+            ["parallel.pipeline_stages=2", "train.grad_accum_steps=8"],
+        ],
+        {"data": 1, "pipeline": 2, "tensor": 1, "zero_stage": 0},
+    ),
 }
 
 
@@ -351,11 +465,22 @@ def test_encoder_pipeline_and_tensor_parallel_match_one_process(shards, tmp_path
     from tests.conftest import run_glm, train_losses
 
     cfg = str(ROOT / "configs/experiments/roberta-tiny-cpu.yaml")
-    args = ["train", "-c", cfg, *PIPE, "model.n_layer=2", "train.max_steps=3", "train.grad_accum_steps=2",
-            f"data.shards_dir={shards('roberta')}"]
-    runs = {"one": ([], 1), "tp2": (["parallel.tensor_parallel=2"], 2),
-            "tp2-sp": (["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"], 2),
-            "pp2xtp2": (["parallel.pipeline_stages=2", "parallel.tensor_parallel=2", "parallel.zero_stage=1"], 4)}
+    args = [
+        "train",
+        "-c",
+        cfg,
+        *PIPE,
+        "model.n_layer=2",
+        "train.max_steps=3",
+        "train.grad_accum_steps=2",
+        f"data.shards_dir={shards('roberta')}",
+    ]
+    runs = {
+        "one": ([], 1),
+        "tp2": (["parallel.tensor_parallel=2"], 2),
+        "tp2-sp": (["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"], 2),
+        "pp2xtp2": (["parallel.pipeline_stages=2", "parallel.tensor_parallel=2", "parallel.zero_stage=1"], 4),
+    }
     for name, (extra, nproc) in runs.items():
         run_glm([*args, f"train.out_dir={tmp_path / name}", *extra], nproc=nproc)
     one = train_losses(tmp_path / "one")
@@ -366,11 +491,15 @@ def test_encoder_pipeline_and_tensor_parallel_match_one_process(shards, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config, profile, extra", [
-    ("t5", "t5", []),  # T5 1.0: ReLU FFN (wi), tied output; the relative-position bias table split by heads
-    ("t5", "t5", ["model.flavor=t5-v1_1-tiny", "model.d_ff=128"]),  # v1.1: gated FFN (wi_0, wi_1), untied output
-    ("bart", "roberta", ["model.dropout=0.1"]),  # dropout in the replicated regions
-], ids=["t5", "t5-v1_1", "bart"])
+@pytest.mark.parametrize(
+    "config, profile, extra",
+    [
+        ("t5", "t5", []),  # T5 1.0: ReLU FFN (wi), tied output; the relative-position bias table split by heads
+        ("t5", "t5", ["model.flavor=t5-v1_1-tiny", "model.d_ff=128"]),  # v1.1: gated FFN (wi_0, wi_1), untied output
+        ("bart", "roberta", ["model.dropout=0.1"]),  # dropout in the replicated regions
+    ],
+    ids=["t5", "t5-v1_1", "bart"],
+)
 def test_encoder_decoder_tensor_parallel_matches_one_process(config, profile, extra, shards, tmp_path):
     """T5 and BART at TP=2: heads of self- and cross-attention and the FFN width split in both stacks
     (the encoder's output entering each rank's key/value columns); the one-process losses step by step,
@@ -379,18 +508,31 @@ def test_encoder_decoder_tensor_parallel_matches_one_process(config, profile, ex
     from tests.conftest import run_glm, train_losses
 
     cfg = str(ROOT / f"configs/experiments/{config}-tiny-cpu.yaml")
-    args = ["train", "-c", cfg, *PIPE, "model.n_layer=2", "train.max_steps=3", "train.grad_accum_steps=2",
-            f"data.shards_dir={shards(profile)}", *extra]
+    args = [
+        "train",
+        "-c",
+        cfg,
+        *PIPE,
+        "model.n_layer=2",
+        "train.max_steps=3",
+        "train.grad_accum_steps=2",
+        f"data.shards_dir={shards(profile)}",
+        *extra,
+    ]
     for name, nproc in (("one", 1), ("tp2", 2)):
-        run_glm([*args, f"train.out_dir={tmp_path / name}", *(["parallel.tensor_parallel=2"] if nproc > 1 else [])],
-                nproc=nproc)
+        run_glm(
+            [*args, f"train.out_dir={tmp_path / name}", *(["parallel.tensor_parallel=2"] if nproc > 1 else [])],
+            nproc=nproc,
+        )
     one, tp = train_losses(tmp_path / "one"), train_losses(tmp_path / "tp2")
     # relative: v1.1's untied N(0, 1) output layer starts near a loss of 30, where fp32 summation order
     # moves the fifth decimal
     assert len(tp) == 3 and max(abs(a - b) / max(1.0, abs(a)) for a, b in zip(one, tp)) <= PIPE_TOL, (one, tp)
     assert_same_weights(tmp_path / "tp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003")
-    shape = model_shape(family(config), model_config(load_config(cfg, [o for o in [*PIPE, "model.n_layer=2", *extra]
-                                                               if o.startswith("model.")])))
+    shape = model_shape(
+        family(config),
+        model_config(load_config(cfg, [o for o in [*PIPE, "model.n_layer=2", *extra] if o.startswith("model.")])),
+    )
     measured = [json.loads((tmp_path / f"tp2/model_states_rank{r}.json").read_text())["params"] / 4 for r in range(2)]
     assert json.loads((tmp_path / "one/model_states_rank0.json").read_text())["params"] / 4 == shape.params
     assert all(abs(m / params_per_rank(shape, 1, 2) - 1) < 0.01 for m in measured), (measured, shape)
@@ -420,9 +562,12 @@ def test_pipeline_partitions_by_blocks_or_parameters_and_refuses_empty_stages():
     from glm_dist.parallel.pipeline import TIED, check_partition
 
     cfg = gpt_config("tiny", n_layer=4, d_model=64, n_head=4, vocab_size=2048)
-    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
-             *[LayerSpec(GPTBlock, cfg, i) for i in range(4)], LayerSpec(nn.LayerNorm, 64),
-             TiedLayerSpec(TIED, TiedOutput, 2048, 64, forward_fn=_logits, tied_weight_attr=["wte.weight"])]
+    specs = [
+        TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
+        *[LayerSpec(GPTBlock, cfg, i) for i in range(4)],
+        LayerSpec(nn.LayerNorm, 64),
+        TiedLayerSpec(TIED, TiedOutput, 2048, 64, forward_fn=_logits, tied_weight_attr=["wte.weight"]),
+    ]
     assert check_partition(specs, 2, "blocks", GPTBlock) == [0, 3, 7]
     assert check_partition(specs, 4, "blocks", GPTBlock) == [0, 2, 3, 4, 7]
     # the 2048 x 64 embedding outweighs two 50k-parameter blocks: stage 0 = embedding + 2 blocks
@@ -439,13 +584,27 @@ def test_pipeline_skips_non_finite_steps_on_every_stage(shards_dir, tmp_path):
     run (train.max_skipped_steps=3) without saving."""
     from tests.test_train import NAN_SCRIPT
 
-    args = [TINY, *PIPE, f"data.shards_dir={shards_dir}", f"train.out_dir={tmp_path}", "train.max_steps=20",
-            "train.max_skipped_steps=3", "parallel.zero_stage=1", "parallel.pipeline_stages=2",
-            "train.grad_accum_steps=2"]
+    args = [
+        TINY,
+        *PIPE,
+        f"data.shards_dir={shards_dir}",
+        f"train.out_dir={tmp_path}",
+        "train.max_steps=20",
+        "train.max_skipped_steps=3",
+        "parallel.zero_stage=1",
+        "parallel.pipeline_stages=2",
+        "train.grad_accum_steps=2",
+    ]
     script = tmp_path / "nan.py"
     script.write_text(NAN_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), *args], cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args],
+        cwd=ROOT,
+        env=clean_env(1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = tagged_json(proc.stdout, "REPORT")  # each rank prints one REPORT[...]
     assert len(reports) == 2  # both stages
@@ -467,8 +626,12 @@ def test_zero_cpu_offload_matches_one_process(shards_dir, tmp_path, one_process)
     layout = ["parallel.zero_stage=3", "parallel.offload_optimizer=true", "parallel.offload_params=true"]
     zero = deepspeed_config(load_config(TINY, layout), dp_size=2)["zero_optimization"]
     assert zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
-    assert "offload_param" not in deepspeed_config(load_config(TINY, ["parallel.zero_stage=2",
-                                                                      "parallel.offload_optimizer=true"]))["zero_optimization"]
+    assert (
+        "offload_param"
+        not in deepspeed_config(load_config(TINY, ["parallel.zero_stage=2", "parallel.offload_optimizer=true"]))[
+            "zero_optimization"
+        ]
+    )
     losses = pipe_run(shards_dir, tmp_path, *layout, "train.grad_accum_steps=4", nproc=2)
     assert len(losses) == 5 and max(abs(a - b) for a, b in zip(losses, one_process)) <= PIPE_TOL, (losses, one_process)
 
@@ -486,7 +649,7 @@ def test_local_init_draws_each_parameter_from_its_own_seeded_generator():
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     assert torch.equal(sd["blocks.0.ln_1.weight"], torch.ones(64)) and not sd["blocks.2.mlp.fc.bias"].any()
     assert abs(sd["blocks.1.mlp.fc.weight"].std().item() - 0.02) < 0.002
-    assert abs(sd["blocks.1.mlp.proj.weight"].std().item() - 0.02 / 8 ** 0.5) < 0.001  # 0.02 / sqrt(2 n_layer)
+    assert abs(sd["blocks.1.mlp.proj.weight"].std().item() - 0.02 / 8**0.5) < 0.001  # 0.02 / sqrt(2 n_layer)
     # one block on its own (as a pipeline stage holds it) gets the same values under its unsplit name
     block = model.blocks[3]
     init_stage(block, lambda key: f"blocks.3.{key}", std=std, seed=7)
@@ -522,10 +685,14 @@ def test_local_init_rule_draws_the_variances_the_model_itself_draws(flavor):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config, profile, extra", [
-    ("t5", "t5", ["model.flavor=t5-v1_1-tiny", "model.d_ff=128"]),  # untied N(0, 1) output, gated FFN
-    ("bart", "roberta", []),
-], ids=["t5-v1_1", "bart"])
+@pytest.mark.parametrize(
+    "config, profile, extra",
+    [
+        ("t5", "t5", ["model.flavor=t5-v1_1-tiny", "model.d_ff=128"]),  # untied N(0, 1) output, gated FFN
+        ("bart", "roberta", []),
+    ],
+    ids=["t5-v1_1", "bart"],
+)
 def test_encoder_decoder_zero3_local_init_follows_one_process(config, profile, extra, shards, tmp_path):
     """T5 and BART built under deepspeed.zero.Init (train.init=local, ZeRO-3 over 2 ranks): every rank
     draws its partitions by the family's rule, and the run follows one process with train.init=local
@@ -533,10 +700,21 @@ def test_encoder_decoder_zero3_local_init_follows_one_process(config, profile, e
     from tests.conftest import run_glm, train_losses
 
     cfg = str(ROOT / f"configs/experiments/{config}-tiny-cpu.yaml")
-    args = ["train", "-c", cfg, *PIPE, "model.n_layer=2", "train.max_steps=3", f"data.shards_dir={shards(profile)}",
-            *extra]
-    runs = {"whole": (["train.grad_accum_steps=2"], 1), "one": (["train.init=local", "train.grad_accum_steps=2"], 1),
-            "zero3": (["train.init=local", "parallel.zero_stage=3"], 2)}
+    args = [
+        "train",
+        "-c",
+        cfg,
+        *PIPE,
+        "model.n_layer=2",
+        "train.max_steps=3",
+        f"data.shards_dir={shards(profile)}",
+        *extra,
+    ]
+    runs = {
+        "whole": (["train.grad_accum_steps=2"], 1),
+        "one": (["train.init=local", "train.grad_accum_steps=2"], 1),
+        "zero3": (["train.init=local", "parallel.zero_stage=3"], 2),
+    }
     for name, (layout, nproc) in runs.items():
         run_glm([*args, f"train.out_dir={tmp_path / name}", *layout], nproc=nproc)
     whole, one, zero3 = (train_losses(tmp_path / name) for name in runs)
@@ -581,8 +759,9 @@ def test_zero3_local_init_builds_the_model_partitioned_on_the_one_process_losses
     from tests.conftest import clean_env
 
     one = pipe_run(shards_dir, tmp_path / "one", "train.init=local", "train.grad_accum_steps=8")
-    two = pipe_run(shards_dir, tmp_path / "two", "train.init=local", "parallel.zero_stage=3",
-                   "train.grad_accum_steps=4", nproc=2)
+    two = pipe_run(
+        shards_dir, tmp_path / "two", "train.init=local", "parallel.zero_stage=3", "train.grad_accum_steps=4", nproc=2
+    )
     assert len(two) == 5 and max(abs(a - b) for a, b in zip(one, two)) <= PIPE_TOL, (one, two)
     # the local rule draws other weights than one global stream: the losses part by far more than
     # summation order moves them (the first loss alone differs by 7.8e-4 in CI: 78 x PIPE_TOL)
@@ -590,15 +769,30 @@ def test_zero3_local_init_builds_the_model_partitioned_on_the_one_process_losses
 
     script = tmp_path / "build.py"
     script.write_text(BUILD_REPORT)
-    big = [TINY, f"data.shards_dir={shards_dir}", f"train.out_dir={tmp_path / 'big'}", "model.n_layer=8",
-           "model.d_model=512", "model.n_head=8", "parallel.zero_stage=3", "train.init=local", "train.precision=fp32",
-           "logging.wandb=false", "train.micro_batch_size=1"]
+    big = [
+        TINY,
+        f"data.shards_dir={shards_dir}",
+        f"train.out_dir={tmp_path / 'big'}",
+        "model.n_layer=8",
+        "model.d_model=512",
+        "model.n_head=8",
+        "parallel.zero_stage=3",
+        "train.init=local",
+        "train.precision=fp32",
+        "logging.wandb=false",
+        "train.micro_batch_size=1",
+    ]
     peak, held = {}, {}
     for n in (1, 2, 4):
         runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
-        proc = subprocess.run([sys.executable, *runner, str(script), *big, f"train.grad_accum_steps={4 // n}"],
-                              cwd=ROOT, env=clean_env(1),
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, *runner, str(script), *big, f"train.grad_accum_steps={4 // n}"],
+            cwd=ROOT,
+            env=clean_env(1),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports = tagged_json(proc.stdout, "REPORT")
         peak[n], held[n] = max(r["peak_mb"] for r in reports), max(r["held"] for r in reports)

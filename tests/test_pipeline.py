@@ -1,5 +1,6 @@
 """The crawl pipeline (data_pipeline/): rules on hand-checked cases, readers on damaged input,
 dedup and decontamination on the embedded sample crawl, resumption after a kill, SLURM arrays."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,15 +18,24 @@ from tests.conftest import ROOT, clean_env, job_info
 from data_pipeline.document import Document, Stats
 from data_pipeline.filters import quality
 from data_pipeline.filters.url import UrlFilter
-from data_pipeline.recipe import (C4Cfg, DecontamCfg, FineWebCfg, GopherQualityCfg, GopherRepetitionCfg, ReaderCfg,
-                                  UrlCfg)
+from data_pipeline.recipe import (
+    C4Cfg,
+    DecontamCfg,
+    FineWebCfg,
+    GopherQualityCfg,
+    GopherRepetitionCfg,
+    ReaderCfg,
+    UrlCfg,
+)
 from data_pipeline.sample_crawl import response_records
 
 FINEWEB = str(ROOT / "configs/data/fineweb.yaml")
-PROSE = ("The committee met on Tuesday to review the proposal for the new library. Members agreed that the "
-         "building should have more space for children and a quiet room for study. The architect will present "
-         "revised plans next month, and the public will be invited to comment on them before work begins. "
-         "Funding has been approved by the council, which expects the project to be finished within two years.")
+PROSE = (
+    "The committee met on Tuesday to review the proposal for the new library. Members agreed that the "
+    "building should have more space for children and a quiet room for study. The architect will present "
+    "revised plans next month, and the public will be invited to comment on them before work begins. "
+    "Funding has been approved by the council, which expects the project to be finished within two years."
+)
 
 
 # -- quality rules on hand-written cases ------------------------------------------------------------
@@ -69,22 +79,27 @@ def test_gopher_repetition_rules():
 
 def test_c4_removes_bad_lines_and_drops_bad_pages(tmp_path):
     cfg = C4Cfg()
-    page = "\n".join([
-        "Home | About | Contact",  # no terminal punctuation
-        "Please enable JavaScript in your browser to continue.",  # javascript
-        "By using this site you agree to our terms of use.",  # policy
-        "Too short.",  # < 5 words
-        "The first real sentence of the article is here.[1] It goes on for a while.",
-        "The second line of the article also ends properly.",
-        "A third line, with more words, closes the article!",
-    ])
+    page = "\n".join(
+        [
+            "Home | About | Contact",  # no terminal punctuation
+            "Please enable JavaScript in your browser to continue.",  # javascript
+            "By using this site you agree to our terms of use.",  # policy
+            "Too short.",  # < 5 words
+            "The first real sentence of the article is here.[1] It goes on for a while.",
+            "The second line of the article also ends properly.",
+            "A third line, with more words, closes the article!",
+        ]
+    )
     reason, text = quality.c4(page, cfg)
     assert reason is None
-    assert text.splitlines() == ["The first real sentence of the article is here. It goes on for a while.",
-                                 "The second line of the article also ends properly.",
-                                 "A third line, with more words, closes the article!"]
-    assert drop(quality.c4, page + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.",
-                cfg) == "c4: lorem ipsum"
+    assert text.splitlines() == [
+        "The first real sentence of the article is here. It goes on for a while.",
+        "The second line of the article also ends properly.",
+        "A third line, with more words, closes the article!",
+    ]
+    assert (
+        drop(quality.c4, page + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.", cfg) == "c4: lorem ipsum"
+    )
     assert drop(quality.c4, page + "\nThe function body is { return x; } in this example.", cfg) == "c4: curly bracket"
     assert drop(quality.c4, "Only one sentence here in this short page.", cfg) == "c4: too few sentences"
     words = tmp_path / "bad.txt"
@@ -97,15 +112,19 @@ def test_fineweb_rules():
     cfg = FineWebCfg()
     assert drop(quality.fineweb, PROSE, cfg) is None
     menu = "\n".join(["Home", "Products", "Prices", "About us", "Contact"] * 3 + [PROSE])
-    assert drop(quality.fineweb, menu, cfg) in ("fineweb: too many short lines",
-                                                "fineweb: too few lines ending in punctuation")
+    assert drop(quality.fineweb, menu, cfg) in (
+        "fineweb: too many short lines",
+        "fineweb: too few lines ending in punctuation",
+    )
     no_punct = "\n".join(f"this line number {i} has no final punctuation at all and is long enough" for i in range(20))
     assert drop(quality.fineweb, no_punct, cfg) == "fineweb: too few lines ending in punctuation"
     dup = PROSE + "\n" + "\n".join(["Share this article with your friends and family today."] * 3)
     assert drop(quality.fineweb, dup, cfg) == "fineweb: duplicated line chars"
     listing = "\n".join(f"Step{i}." for i in range(100)) + "\n" + PROSE
-    assert (drop(quality.fineweb, listing, FineWebCfg(max_short_lines_frac=None))
-            == "fineweb: too many newlines per word (list-like)")
+    assert (
+        drop(quality.fineweb, listing, FineWebCfg(max_short_lines_frac=None))
+        == "fineweb: too many newlines per word (list-like)"
+    )
 
 
 def test_url_block_list_covers_subdomains_and_substrings(tmp_path):
@@ -175,9 +194,11 @@ def test_malformed_record_is_reported_and_the_next_one_read(tmp_path):
 def test_oversized_and_empty_pages_are_counted_not_fatal(tmp_path):
     huge = b"<html><body><p>" + b"word " * (11 * 2**20 // 5) + b"</p></body></html>"  # > 10 MB
     path = tmp_path / "big.warc.gz"
-    path.write_bytes(response_records("https://huge.example/", "text/html", huge)
-                     + response_records("https://empty.example/", "text/html", b"")
-                     + response_records("https://ok.example/", "text/html", html_page("ok")))
+    path.write_bytes(
+        response_records("https://huge.example/", "text/html", huge)
+        + response_records("https://empty.example/", "text/html", b"")
+        + response_records("https://ok.example/", "text/html", html_page("ok"))
+    )
     docs, stats = read_all(str(path))
     assert stats.stage("read").dropped["record larger than 10 MB"] == 1
     assert [d.meta["url"] for d in docs] == ["https://empty.example/", "https://ok.example/"]
@@ -192,13 +213,19 @@ def test_xhtml_served_as_html_and_declared_charsets_are_extracted(tmp_path):
     from data_pipeline.extract.html import extract
     from data_pipeline.recipe import ExtractCfg
 
-    xhtml = (b'<?xml version="1.0" encoding="utf-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><body><p>'
-             + "Caf\u00e9 society. ".encode() + PROSE.encode() + b"</p></body></html>")
+    xhtml = (
+        b'<?xml version="1.0" encoding="utf-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><body><p>'
+        + "Caf\u00e9 society. ".encode()
+        + PROSE.encode()
+        + b"</p></body></html>"
+    )
     latin = b"<html><body><p>Caf\xe9 society. " + PROSE.encode() + b"</p></body></html>"
     path = tmp_path / "x.warc.gz"
-    path.write_bytes(response_records("https://x.example/", "text/html", xhtml)
-                     + response_records("https://l.example/", "text/html; charset=iso-8859-1", latin)
-                     + response_records("https://i.example/a.png", "image/png", b"\x89PNG....."))
+    path.write_bytes(
+        response_records("https://x.example/", "text/html", xhtml)
+        + response_records("https://l.example/", "text/html; charset=iso-8859-1", latin)
+        + response_records("https://i.example/a.png", "image/png", b"\x89PNG.....")
+    )
     docs, _ = read_all(str(path))
     reasons = [extract(d, ExtractCfg()) for d in docs]
     assert reasons == [None, None, "extract: unsupported content type image/*"]
@@ -242,9 +269,13 @@ def test_jsonl_zst_parquet_and_bad_lines(tmp_path):
     import pyarrow.parquet as pq
     import zstandard
 
-    lines = [json.dumps({"id": "a", "text": PROSE, "url": "u"}).encode(), b"{not json",
-             json.dumps({"id": "b", "body": "no text field"}).encode(), b'{"id": "c", "text": "bad \xff bytes"}',
-             json.dumps({"text": "no id"}).encode()]
+    lines = [
+        json.dumps({"id": "a", "text": PROSE, "url": "u"}).encode(),
+        b"{not json",
+        json.dumps({"id": "b", "body": "no text field"}).encode(),
+        b'{"id": "c", "text": "bad \xff bytes"}',
+        json.dumps({"text": "no id"}).encode(),
+    ]
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(b"\n".join(lines) + b"\n"))
     docs, stats = read_all(str(path))
@@ -258,13 +289,41 @@ def test_jsonl_zst_parquet_and_bad_lines(tmp_path):
 
 
 def test_missing_input_and_unknown_recipe_key_stop_at_once(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB,
-                           f"input={tmp_path}/nothing-*.warc.gz", f"output={tmp_path}/o"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            FINEWEB,
+            f"input={tmp_path}/nothing-*.warc.gz",
+            f"output={tmp_path}/o",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "matches no file" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB,
-                           "gopher_quality.min_wrds=3",
-                           f"output={tmp_path}/o"], cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            FINEWEB,
+            "gopher_quality.min_wrds=3",
+            f"output={tmp_path}/o",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "unknown key 'gopher_quality.min_wrds'" in proc.stderr
     assert not (tmp_path / "o").exists()
 
@@ -302,7 +361,7 @@ def test_decontamination_cuts_the_span_with_margins_and_drops_fragmented_documen
     assert reason is None
     # The 13-grams span the leak (its last one ends at "porch"); 200 characters go on each side.
     start, end = text.index("THE QUICK"), text.index("PORCH!") + len("PORCH!")
-    assert pieces == [text[: start - 200].strip(), text[end + 200:].strip()]
+    assert pieces == [text[: start - 200].strip(), text[end + 200 :].strip()]
     text = (leak + ". " + "x" * 450 + " ") * 12
     assert cut(text, bad, DecontamCfg())[1] == "decontam: cut into more than 10 pieces"
     assert cut(PROSE, bad, DecontamCfg()) == ([PROSE], None)
@@ -311,9 +370,26 @@ def test_decontamination_cuts_the_span_with_margins_and_drops_fragmented_documen
 @pytest.fixture(scope="module")
 def sample_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("crawl") / "out"
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB, f"output={out}",
-                           "writer.write_dropped=true", "url.blocklist=[spam.example]", "workers=2"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            FINEWEB,
+            f"output={out}",
+            "writer.write_dropped=true",
+            "url.blocklist=[spam.example]",
+            "workers=2",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc.stdout
 
@@ -361,8 +437,18 @@ def test_sample_crawl_accounts_for_every_page(sample_run):
     for name, st in stats["stages"].items():
         assert st["seen"] == st["kept"] + sum(st["dropped"].values()), name
     order = [row["stage"] for row in stats["funnel"]]
-    assert order == ["read", "url", "extract", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb",
-                     "dedup", "decontam"]
+    assert order == [
+        "read",
+        "url",
+        "extract",
+        "language",
+        "gopher_repetition",
+        "gopher_quality",
+        "c4",
+        "fineweb",
+        "dedup",
+        "decontam",
+    ]
     for a, b in zip(stats["funnel"], stats["funnel"][1:]):
         assert b["documents"] <= a["documents"] or b["stage"] == "decontam"
     read = stats["stages"]["read"]
@@ -391,14 +477,26 @@ def run_files(out: Path) -> dict[str, bytes]:
 def test_a_run_killed_midway_and_rerun_gives_byte_identical_output(sample_run, tmp_path):
     reference, _ = sample_run
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB, f"output={out}", "workers=1",
-           "writer.write_dropped=true", "url.blocklist=[spam.example]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "glm_dist.cli",
+        "data",
+        "run",
+        "-c",
+        FINEWEB,
+        f"output={out}",
+        "workers=1",
+        "writer.write_dropped=true",
+        "url.blocklist=[spam.example]",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     marker = out / "work/markers/filter/00001.json"
     deadline = time.time() + 120
     while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, (proc.stderr.read().decode()[-3000:] if proc.poll()
-                                                                 else "timeout")
+        assert proc.poll() is None and time.time() < deadline, (
+            proc.stderr.read().decode()[-3000:] if proc.poll() else "timeout"
+        )
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -442,8 +540,10 @@ def test_sample_crawl_clusters_equal_one_process_components(sample_run):
     assert np.array_equal(labels, expected)
 
 
-S3_RUN = ("import sys; from data_pipeline.executors.local import run; from data_pipeline.recipe import load_recipe; "
-          "run(load_recipe(sys.argv[1], sys.argv[2:]), progress=False)")
+S3_RUN = (
+    "import sys; from data_pipeline.executors.local import run; from data_pipeline.recipe import load_recipe; "
+    "run(load_recipe(sys.argv[1], sys.argv[2:]), progress=False)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -460,8 +560,12 @@ def s3_server():
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
@@ -478,14 +582,23 @@ def test_output_to_object_storage_is_visible_through_its_manifest_and_resumes_af
     reference, _ = sample_run
     env, fs = s3_server
     url = "s3://glm-test/fineweb"
-    cmd = [sys.executable, "-c", S3_RUN, FINEWEB, f"output={url}", "writer.write_dropped=true",
-           "url.blocklist=[spam.example]"]
-    proc = subprocess.Popen(cmd + ["workers=1"], cwd=ROOT, env=clean_env() | env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    cmd = [
+        sys.executable,
+        "-c",
+        S3_RUN,
+        FINEWEB,
+        f"output={url}",
+        "writer.write_dropped=true",
+        "url.blocklist=[spam.example]",
+    ]
+    proc = subprocess.Popen(
+        cmd + ["workers=1"], cwd=ROOT, env=clean_env() | env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.time() + 180
     while not fs.exists(f"{url}/work/markers/filter/00001.json"):
-        assert proc.poll() is None and time.time() < deadline, (proc.stderr.read().decode()[-3000:] if proc.poll()
-                                                                 else "timeout")
+        assert proc.poll() is None and time.time() < deadline, (
+            proc.stderr.read().decode()[-3000:] if proc.poll() else "timeout"
+        )
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -493,14 +606,16 @@ def test_output_to_object_storage_is_visible_through_its_manifest_and_resumes_af
     assert not fs.exists(f"{url}/work/markers/filter/00003.json") and not fs.exists(f"{url}/manifest.json")
     with pytest.raises(FileNotFoundError, match="holds no finished crawl-pipeline run"):
         read_output_manifest(url)
-    rerun = subprocess.run(cmd + ["workers=2"], cwd=ROOT, env=clean_env() | env, capture_output=True, text=True,
-                           timeout=600)
+    rerun = subprocess.run(
+        cmd + ["workers=2"], cwd=ROOT, env=clean_env() | env, capture_output=True, text=True, timeout=600
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     shards = read_output_manifest(url)
     assert [s.rsplit("/", 1)[1] for s in shards] == [Path(p).name for p in read_output_manifest(str(reference))]
     remote = {f"documents/{s.rsplit('/', 1)[1]}": fs.cat(s) for s in shards}
-    remote.update({name: fs.cat(f"{url}/{name}") for name in ("contamination.json", "stats.json", "README.md",
-                                                               "funnel.png")})
+    remote.update(
+        {name: fs.cat(f"{url}/{name}") for name in ("contamination.json", "stats.json", "README.md", "funnel.png")}
+    )
     assert remote == run_files(reference)  # byte-identical to the local run
 
 
@@ -532,7 +647,8 @@ def test_tokenize_reads_a_crawl_output_through_its_manifest_never_a_listing(samp
 
 
 def test_token_shards_on_object_storage_from_a_crawl_output_there_appear_whole_through_their_manifest(
-        sample_run, s3_server, tmp_path):
+    sample_run, s3_server, tmp_path
+):
     import torch
 
     from data_pipeline.tokenize.prepare import prepare_shards
@@ -547,8 +663,7 @@ def test_token_shards_on_object_storage_from_a_crawl_output_there_appear_whole_t
     half.write("k", np.arange(50, dtype=np.uint16), {"id": "k"})
     half.abort()
     assert fs.find("glm-test/half") == []
-    manifest = prepare_shards(source="s3://glm-test/tok-src", out_dir="s3://glm-test/tokens", vocab_size=400,
-                              workers=1)
+    manifest = prepare_shards(source="s3://glm-test/tok-src", out_dir="s3://glm-test/tokens", vocab_size=400, workers=1)
     assert manifest["source"]["documents"] == listed
     objects = [p.rsplit("/", 1)[1] for p in fs.find("glm-test/tokens")]
     assert not [o for o in objects if ".tmp" in o]  # written straight to their keys: no copy-and-delete
@@ -569,10 +684,29 @@ def test_frequent_benchmark_ngrams_are_ignored_and_missing_fields_reported(tmp_p
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (tmp_path / "bench.jsonl").write_text(json.dumps({"question": boiler}) + "\n" + json.dumps({"other": "x"}) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB,
-                           f"input={tmp_path}/in.jsonl", f"benchmarks={tmp_path}/bench.jsonl", f"output={out}",
-                           "stages=[]", "dedup.exact=false", "dedup.minhash=false", "workers=1"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            FINEWEB,
+            f"input={tmp_path}/in.jsonl",
+            f"benchmarks={tmp_path}/bench.jsonl",
+            f"output={out}",
+            "stages=[]",
+            "dedup.exact=false",
+            "dedup.minhash=false",
+            "workers=1",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "contamination.json").read_text())
     assert report["ignored_frequent_ngrams"] > 0 and report["benchmarks"]["bench"]["dirty"] == 0
@@ -583,14 +717,36 @@ def test_frequent_benchmark_ngrams_are_ignored_and_missing_fields_reported(tmp_p
     assert example["file"].endswith("bench.jsonl") and example["offset"] == 2
     # Below the frequency limit the same n-grams are contamination: Dolma mode drops the documents.
     out2 = tmp_path / "out2"
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c", FINEWEB,
-                           f"input={tmp_path}/in.jsonl", f"benchmarks={tmp_path}/bench.jsonl", f"output={out2}",
-                           "stages=[]", "dedup.exact=false", "dedup.minhash=false", "workers=1",
-                           "decontam.max_doc_freq=20", "decontam.mode=drop_document"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            FINEWEB,
+            f"input={tmp_path}/in.jsonl",
+            f"benchmarks={tmp_path}/bench.jsonl",
+            f"output={out2}",
+            "stages=[]",
+            "dedup.exact=false",
+            "dedup.minhash=false",
+            "workers=1",
+            "decontam.max_doc_freq=20",
+            "decontam.mode=drop_document",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (documents(out2) == []
-            and json.loads((out2 / "contamination.json").read_text())["benchmarks"]["bench"]["dirty"] == 1)
+    assert (
+        documents(out2) == []
+        and json.loads((out2 / "contamination.json").read_text())["benchmarks"]["bench"]["dirty"] == 1
+    )
 
 
 # -- SLURM job arrays (the local two-node cluster: tests/conftest.py) --------------------------------
@@ -601,9 +757,25 @@ def test_slurm_arrays_produce_the_same_output_as_the_local_pool(slurm_cluster, s
     reference, _ = sample_run
     out = tmp_path / "out"
     env = clean_env() | {"GLM_VENV": sys.prefix}
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "slurm", "submit-pipeline", "-c", FINEWEB,
-                           f"output={out}", "writer.write_dropped=true", "url.blocklist=[spam.example]"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "slurm",
+            "submit-pipeline",
+            "-c",
+            FINEWEB,
+            f"output={out}",
+            "writer.write_dropped=true",
+            "url.blocklist=[spam.example]",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     jobs = proc.stdout.split()
     assert len(jobs) == 8  # benchmarks, filter, buckets, the clusters rounds' driver, removals, decontam, write, card
@@ -628,12 +800,15 @@ def classifier_data():
 
     good = [r["text"] for r in docstring_task()]
     rng = np.random.default_rng(0)
-    junk_vocab = ("buy cheap click here login cart price free shipping casino win deal offer now best sale "
-                  "discount subscribe follow like share bonus jackpot online order today limited").split()
+    junk_vocab = (
+        "buy cheap click here login cart price free shipping casino win deal offer now best sale "
+        "discount subscribe follow like share bonus jackpot online order today limited"
+    ).split()
     good_vocab = " ".join(good).split()
-    bad = [" ".join(rng.choice(junk_vocab if rng.random() < 0.7 else good_vocab)
-                    for _ in range(int(rng.integers(15, 40))))
-           for _ in range(len(good))]
+    bad = [
+        " ".join(rng.choice(junk_vocab if rng.random() < 0.7 else good_vocab) for _ in range(int(rng.integers(15, 40))))
+        for _ in range(len(good))
+    ]
     return good, bad
 
 
@@ -658,20 +833,55 @@ def test_classifier_stage_in_a_recipe(tmp_path):
     (tmp_path / "good.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in good[::2]))
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in bad[::2]))
     model = tmp_path / "quality.npz"
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "train-classifier", "--positive",
-                           str(tmp_path / "good.jsonl"), "--negative", str(tmp_path / "bad.jsonl"),
-                           "--out", str(model)],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "train-classifier",
+            "--positive",
+            str(tmp_path / "good.jsonl"),
+            "--negative",
+            str(tmp_path / "bad.jsonl"),
+            "--out",
+            str(model),
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    mixed = ([{"id": f"g{i}", "text": t} for i, t in enumerate(good[1::2])]
-             + [{"id": f"b{i}", "text": t} for i, t in enumerate(bad[1::2])])
+    mixed = [{"id": f"g{i}", "text": t} for i, t in enumerate(good[1::2])] + [
+        {"id": f"b{i}", "text": t} for i, t in enumerate(bad[1::2])
+    ]
     (tmp_path / "crawl.jsonl").write_text("".join(json.dumps(d) + "\n" for d in mixed))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run",
-                           "-c", str(ROOT / "configs/data/gpt3.yaml"),
-                           f"input={tmp_path}/crawl.jsonl", f"output={out}", "benchmarks=[]", "stages=[classifier]",
-                           "classifier.enabled=true", f"classifier.model={model}", "workers=1"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            str(ROOT / "configs/data/gpt3.yaml"),
+            f"input={tmp_path}/crawl.jsonl",
+            f"output={out}",
+            "benchmarks=[]",
+            "stages=[classifier]",
+            "classifier.enabled=true",
+            f"classifier.model={model}",
+            "workers=1",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     kept = documents(out)
     good_kept = sum(d["id"].startswith("g") for d in kept) / len(good[1::2])
@@ -682,10 +892,26 @@ def test_classifier_stage_in_a_recipe(tmp_path):
 
 def test_pipeline_output_feeds_tokenization(sample_run, tmp_path):
     out, _ = sample_run
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "tokenize", "-c",
-                           str(ROOT / "configs/data/embedded-gpt2-bpe.yaml"), f"data.source={out}/documents/*.jsonl.gz",
-                           f"data.shards_dir={tmp_path}/shards", "data.vocab_size=1000", "data.encode_workers=1"],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "tokenize",
+            "-c",
+            str(ROOT / "configs/data/embedded-gpt2-bpe.yaml"),
+            f"data.source={out}/documents/*.jsonl.gz",
+            f"data.shards_dir={tmp_path}/shards",
+            "data.vocab_size=1000",
+            "data.encode_workers=1",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((tmp_path / "shards/manifest.json").read_text())
     assert manifest["source"]["documents"] == len(documents(out)) and not manifest["source"]["skipped"]

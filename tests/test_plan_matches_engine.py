@@ -2,6 +2,7 @@
 fp32 on two), the bytes of every tensor reachable from the engine (parameters, gradients, optimizer states, reduce
 buckets, flat gradient copies; each storage once) at their largest while the backward runs and in
 the gradient reduction and optimizer step after it, within 10% of what glm plan counts."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,14 @@ from glm_dist.families.registry import family
 from glm_dist.parallel.plan import GB, model_shape, phase_bytes, plan, recommend
 from tests.conftest import ROOT, TINY, clean_env, tagged_json
 
-TINY_MODEL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.vocab_size=2048", "data.seq_len=64",
-              "train.micro_batch_size=4"]
+TINY_MODEL = [
+    "model.n_layer=2",
+    "model.d_model=64",
+    "model.n_head=4",
+    "model.vocab_size=2048",
+    "data.seq_len=64",
+    "train.micro_batch_size=4",
+]
 
 # Builds glm train's engine for each ZeRO stage in turn (the same model, optimizer and DeepSpeed JSON),
 # takes two steps on random tokens and prints, per rank, the largest bytes reachable from the engine:
@@ -134,19 +141,29 @@ for stage in (0, 1, 2, 3):
 """
 
 # DeepSpeed's optimizer wrapper per ZeRO stage, as glm plan accounts for it (bf16 ZeRO-0 runs as ZeRO-1)
-WRAPPERS = {"bf16": ["BF16_Optimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3"],
-            "fp32": ["SkippableAdamW", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer",
-                     "DeepSpeedZeroOptimizer_Stage3"]}
+WRAPPERS = {
+    "bf16": ["BF16_Optimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3"],
+    "fp32": ["SkippableAdamW", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3"],
+}
 
 
 def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
     """Per ZeRO stage, the measured peaks of the fullest rank."""
     script = tmp_path / "engine_bytes.py"
     script.write_text(ENGINE_SCRIPT)
-    cmd = ([sys.executable, str(script)] if world == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(script)])
-    proc = subprocess.run([*cmd, TINY, *TINY_MODEL, f"train.precision={precision}"], cwd=ROOT,
-                          env=clean_env(threads=max(1, 2 // world)), capture_output=True, text=True, timeout=600)
+    cmd = (
+        [sys.executable, str(script)]
+        if world == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(script)]
+    )
+    proc = subprocess.run(
+        [*cmd, TINY, *TINY_MODEL, f"train.precision={precision}"],
+        cwd=ROOT,
+        env=clean_env(threads=max(1, 2 // world)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = tagged_json(proc.stdout, "ENGINE_BYTES")
     assert len(rows) == 4 * world, proc.stdout[-2000:]
@@ -157,8 +174,10 @@ def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
     return out
 
 
-@pytest.mark.parametrize("world, precision", [(1, "bf16"), pytest.param(2, "bf16", marks=pytest.mark.slow),
-                                              pytest.param(2, "fp32", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "world, precision",
+    [(1, "bf16"), pytest.param(2, "bf16", marks=pytest.mark.slow), pytest.param(2, "fp32", marks=pytest.mark.slow)],
+)
 def test_plan_counts_what_the_deepspeed_engine_allocates(world, precision, tmp_path):
     shape = model_shape(family("gpt"), model_config(load_config(TINY, TINY_MODEL)))
     for zero, row in engine_bytes(world, precision, tmp_path).items():
@@ -166,8 +185,9 @@ def test_plan_counts_what_the_deepspeed_engine_allocates(world, precision, tmp_p
         assert row["params"] == shape.params
         if zero >= 2:  # the generated JSON's bucket, not DeepSpeed's 5e8-element default
             assert row["bucket_elements"] == zero_buffers(shape.d_model, zero)["reduce_bucket_size"] == 64 * 64
-        backward, step = phase_bytes(shape.params, shape.largest_layer, world, zero, "none", precision,
-                                     d_model=shape.d_model)
+        backward, step = phase_bytes(
+            shape.params, shape.largest_layer, world, zero, "none", precision, d_model=shape.d_model
+        )
         assert backward / row["backward"] == pytest.approx(1, abs=0.1), (zero, backward, row)
         assert step / row["step"] == pytest.approx(1, abs=0.1), (zero, step, row)
 
@@ -176,20 +196,33 @@ def test_zero_buffers_follow_the_model_width_up_to_deepspeeds_defaults():
     """Hugging Face's "auto" rule (d^2, 0.9 d^2, 10 d), capped at DeepSpeed's defaults (5e8, 5e7, 1e5)."""
     assert zero_buffers(64, 2) == {"reduce_bucket_size": 4096}
     gpt2_xl = zero_buffers(1600, 3)
-    assert gpt2_xl == {"reduce_bucket_size": 2_560_000, "stage3_prefetch_bucket_size": 2_304_000,
-                       "stage3_max_reuse_distance": 2_304_000, "stage3_param_persistence_threshold": 16_000}
+    assert gpt2_xl == {
+        "reduce_bucket_size": 2_560_000,
+        "stage3_prefetch_bucket_size": 2_304_000,
+        "stage3_max_reuse_distance": 2_304_000,
+        "stage3_param_persistence_threshold": 16_000,
+    }
     wide = zero_buffers(25_600, 3)
-    assert wide == {"reduce_bucket_size": 5 * 10**8, "stage3_prefetch_bucket_size": 5 * 10**7,
-                    "stage3_max_reuse_distance": 5 * 10**7, "stage3_param_persistence_threshold": 10**5}
+    assert wide == {
+        "reduce_bucket_size": 5 * 10**8,
+        "stage3_prefetch_bucket_size": 5 * 10**7,
+        "stage3_max_reuse_distance": 5 * 10**7,
+        "stage3_param_persistence_threshold": 10**5,
+    }
 
 
 def test_zero2_and_3_on_one_data_parallel_rank_are_marked_and_never_recommended():
-    shape = model_shape(family("gpt"), model_config(load_config(TINY, ["model.flavor=gpt2-xl", "model.vocab_size=50257",
-                                                                "model.context_length=1024"])))
+    shape = model_shape(
+        family("gpt"),
+        model_config(
+            load_config(TINY, ["model.flavor=gpt2-xl", "model.vocab_size=50257", "model.context_length=1024"])
+        ),
+    )
     one = plan(shape, gpus=1, seq_len=1024, micro_batch=4, global_batch=4)
     assert {(lay.zero, lay.offload) for lay in one if lay.saves_nothing} == {(2, "none"), (3, "none")}
-    assert not any(lay.saves_nothing for lay in plan(shape, gpus=2, seq_len=1024, micro_batch=4, global_batch=8)
-                   if lay.dp == 2)
+    assert not any(
+        lay.saves_nothing for lay in plan(shape, gpus=2, seq_len=1024, micro_batch=4, global_batch=8) if lay.dp == 2
+    )
     zero2 = next(lay for lay in one if (lay.zero, lay.offload) == (2, "none"))
     assert zero2.total(False) < 141 * 0.9 * GB and recommend([zero2], 141) == (None, True)  # fits, never chosen
     best, _ = recommend(one, 141)

@@ -1,5 +1,6 @@
 """One row per family and per objective (docs/architecture.md, decision 10): no other module of the
 library tests a family's or an objective's name, and every row is complete."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,11 +25,11 @@ ALLOWED_FILES = {
     "glm_dist/objectives/registry.py": "gathers the objectives by name",
     "glm_dist/config/schema.py": "the config's defaults name a family and an objective",
     "data_pipeline/tokenize/profiles.py": "tokenizer profiles (bert, roberta, albert, t5, xlnet) named as the "
-                                          "tokenizers were published; the family's row names its profile",
+    "tokenizers were published; the family's row names its profile",
     "glm_dist/objectives/plm.py": "XLNet's PLM reads reuse_len / bi_data from the model config its options() is "
-                                  "handed (it trains xlnet alone, checked first)",
+    "handed (it trains xlnet alone, checked first)",
     "glm_dist/objectives/cvt_translation.py": "CVT translation refuses a CoVe config without its cvt_* decoders and "
-                                              "decodes with their beam (it trains cove alone, checked first)",
+    "decodes with their beam (it trains cove alone, checked first)",
 }
 # family options that are also ordinary words elsewhere, which a name scan cannot tell apart
 COMMON_WORDS = {"tags": "also W&B's run tags (logging.tags) and the tagging data's per-token tags"}
@@ -62,8 +63,9 @@ def family_options() -> dict[str, set[str]]:
     return homes
 
 
-def quoted_names(source: str, options: dict | None = None, home: str = "", *,
-                 names: bool = True) -> list[tuple[int, str]]:
+def quoted_names(
+    source: str, options: dict | None = None, home: str = "", *, names: bool = True
+) -> list[tuple[int, str]]:
     """(line, name) of every string literal that is exactly a family or objective name (unless not ``names``),
     and of every string literal or attribute that is a family option (``options``: name -> its homes) outside
     its homes."""
@@ -84,23 +86,38 @@ def quoted_names(source: str, options: dict | None = None, home: str = "", *,
 
 def test_no_module_outside_the_registries_tests_a_family_or_objective_name():
     options = family_options()
-    paths = [path for root in SCANNED for path in sorted(root.rglob("*.py"))
-             if path.relative_to(ROOT).as_posix() not in ALLOWED_FILES]
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {name!r}" for path in paths
-                 for line, name in quoted_names(path.read_text(), options, _home(path), names=not _may_name(path))]
-    assert not offenders, ("family / objective names and family options outside their packages and registries "
-                           "(ask the family's row instead):\n" + "\n".join(offenders))
+    paths = [
+        path
+        for root in SCANNED
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(ROOT).as_posix() not in ALLOWED_FILES
+    ]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {name!r}"
+        for path in paths
+        for line, name in quoted_names(path.read_text(), options, _home(path), names=not _may_name(path))
+    ]
+    assert not offenders, (
+        "family / objective names and family options outside their packages and registries "
+        "(ask the family's row instead):\n" + "\n".join(offenders)
+    )
 
 
 def test_the_scan_catches_what_it_is_for():
     assert quoted_names('if meta["model_family"] == "electra":\n    x = {"t5": 1, \'clm\': 2}\n') == [
-        (1, "electra"), (2, "t5"), (2, "clm")]
+        (1, "electra"),
+        (2, "t5"),
+        (2, "clm"),
+    ]
     assert quoted_names('"""the gpt family"""\nname = "gpt2-small"\n') == []
     options = family_options()
     assert {"mem_len", "sparse_window", "cvt_beam"} <= set(options)
     leak = 'm = getattr(model_cfg, "mem_len", 0)\nif cfg.model.cvt_beam > 1 and x.sparse_window:\n    pass\n'
-    assert quoted_names(leak, options, "glm_dist/train/loop.py") == [(1, "mem_len"), (2, "cvt_beam"),
-                                                                     (2, "sparse_window")]
+    assert quoted_names(leak, options, "glm_dist/train/loop.py") == [
+        (1, "mem_len"),
+        (2, "cvt_beam"),
+        (2, "sparse_window"),
+    ]
     assert quoted_names(leak, options, "glm_dist/families/gpt") == [(1, "mem_len"), (2, "cvt_beam")]
     assert quoted_names("mem_len = 4\n", options, "glm_dist/train/loop.py") == []  # a local name is no leak
     assert quoted_names('x = "xlnet"\n', options, "glm_dist/families/xlnet", names=False) == []

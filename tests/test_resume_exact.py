@@ -4,6 +4,7 @@ DeepSpeed runs, and the weights several steps after the resume are the uninterru
 for bit (one process, one thread: the math is deterministic). bf16 + ZeRO-0 used to run DeepSpeed's
 FP16_UnfusedOptimizer, whose bf16 weights were saved as the masters and whose moments were not
 saved at all: its resumed weights drifted away after the first step."""
+
 from __future__ import annotations
 
 import json
@@ -86,7 +87,10 @@ def test_optimizer_keeps_flat_fp32_masters_and_takes_no_step_when_built(precisio
     """bf16 runs BF16_Optimizer (ZeRO-0/1) or ZeRO's partitions, never the per-tensor unfused wrapper,
     which took an AdamW step with zero gradients when built (weight decay once, step count 1)."""
     r = results[precision, zero]
-    expected = {0: "SkippableAdamW" if precision == "fp32" else "BF16_Optimizer",
-                1: "DeepSpeedZeroOptimizer" if precision == "fp32" else "BF16_Optimizer",
-                2: "DeepSpeedZeroOptimizer", 3: "DeepSpeedZeroOptimizer_Stage3"}[zero]
+    expected = {
+        0: "SkippableAdamW" if precision == "fp32" else "BF16_Optimizer",
+        1: "DeepSpeedZeroOptimizer" if precision == "fp32" else "BF16_Optimizer",
+        2: "DeepSpeedZeroOptimizer",
+        3: "DeepSpeedZeroOptimizer_Stage3",
+    }[zero]
     assert r["optimizer"] == expected and r["fresh"], r

@@ -2,6 +2,7 @@
 `glm train` (glm_dist/eval/in_loop.py), contamination-aware scores from the crawl pipeline's
 dirty items (glm_dist/eval/contamination.py), and perplexity per token, word and byte of whole
 documents in sliding windows (glm_dist/eval/perplexity.py)."""
+
 from __future__ import annotations
 
 import gzip
@@ -50,9 +51,21 @@ def _rows(out: Path, kind: str) -> list[dict]:
 def one_process(shards_dir, tasks, tmp_path_factory) -> Path:
     """A tiny GPT-2 trained 20 steps in one process, scored on the cloze every 10 steps."""
     out = tmp_path_factory.mktemp("in-loop-1")
-    run_glm(["train", "-c", TINY, *COMMON, f"data.shards_dir={shards_dir}", "train.max_steps=20",
-             "train.save_interval=10", f"train.out_dir={out}", "eval.tasks=[pydoc_cloze]", "eval.tasks_every=10",
-             f"eval.include_path={tasks['suite']}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            TINY,
+            *COMMON,
+            f"data.shards_dir={shards_dir}",
+            "train.max_steps=20",
+            "train.save_interval=10",
+            f"train.out_dir={out}",
+            "eval.tasks=[pydoc_cloze]",
+            "eval.tasks_every=10",
+            f"eval.include_path={tasks['suite']}",
+        ]
+    )
     return out
 
 
@@ -61,8 +74,9 @@ def _glm_eval_scores(ckpt: Path, task: str, include_path: Path) -> dict:
     from glm_dist.eval.harness import run_tasks
 
     results = run_tasks(str(ckpt), [task], include_path=str(include_path), limit=LIMIT, batch_size=4)["results"]
-    return {f"{task}/{k.split(',')[0]}": v for k, v in results[task].items()
-            if k.endswith(",none") and "stderr" not in k}
+    return {
+        f"{task}/{k.split(',')[0]}": v for k, v in results[task].items() if k.endswith(",none") and "stderr" not in k
+    }
 
 
 def _assert_same(row: dict, expected: dict) -> None:
@@ -85,11 +99,24 @@ def test_in_loop_scores_equal_glm_eval_on_the_checkpoint_of_the_step_and_stay_ou
 
 
 @pytest.mark.slow
-def test_in_loop_scores_under_torchrun_split_the_documents_and_idle_ranks_wait_at_the_barrier(shards_dir, tasks,
-                                                                                             tmp_path):
-    run_glm(["train", "-c", TINY, *COMMON, f"data.shards_dir={shards_dir}", "train.max_steps=10",
-             f"train.out_dir={tmp_path}", f"eval.tasks=[pydoc_cloze,{tasks['one']}]", "eval.tasks_every=5",
-             f"eval.include_path={tasks['suite']}"], nproc=2)
+def test_in_loop_scores_under_torchrun_split_the_documents_and_idle_ranks_wait_at_the_barrier(
+    shards_dir, tasks, tmp_path
+):
+    run_glm(
+        [
+            "train",
+            "-c",
+            TINY,
+            *COMMON,
+            f"data.shards_dir={shards_dir}",
+            "train.max_steps=10",
+            f"train.out_dir={tmp_path}",
+            f"eval.tasks=[pydoc_cloze,{tasks['one']}]",
+            "eval.tasks_every=5",
+            f"eval.include_path={tasks['suite']}",
+        ],
+        nproc=2,
+    )
     rows = _rows(tmp_path, "tasks")
     assert [r["step"] for r in rows] == [5, 10]
     # the cloze's 8 documents split over both ranks; the one-document task on rank 0, rank 1 idle
@@ -115,8 +142,17 @@ def test_the_barrier_after_an_evaluation_names_the_rank_that_did_not_arrive():
     from glm_dist.parallel.distributed import _free_port
 
     env = clean_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    procs = [subprocess.Popen([sys.executable, "-c", WAIT, str(r)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WAIT, str(r)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert got == [[1], None], outs  # rank 0 names rank 1; rank 1 then finds rank 0 gone
@@ -135,8 +171,9 @@ def test_in_loop_tasks_are_refused_where_a_rank_holds_no_whole_model():
 
 # -- contamination-aware scores ---------------------------------------------------------------------
 @pytest.mark.slow
-def test_contamination_splits_every_score_into_the_pipelines_clean_and_dirty_items(corpus, tasks, one_process,
-                                                                                  tmp_path):
+def test_contamination_splits_every_score_into_the_pipelines_clean_and_dirty_items(
+    corpus, tasks, one_process, tmp_path
+):
     test_rows = [json.loads(line) for line in (tasks["suite"] / "pydoc_cloze/test.jsonl").read_text().splitlines()]
     limit = 24
     planted = [r for r in test_rows[:limit] if len(r["context"].split()) >= 20][:4]
@@ -144,36 +181,75 @@ def test_contamination_splits_every_score_into_the_pipelines_clean_and_dirty_ite
     # a small crawl: pretraining documents (not held out) and four pages quoting a test item each
     docs = [d for d in read_documents(corpus) if not is_validation(d["id"], 50)][:12]
     crawl = [{"id": d["id"], "text": d["text"]} for d in docs]
-    crawl += [{"id": f"leak{i}", "text": f"{docs[i]['text'][:1500]}\n\n{r['context']} {r['target']}.\n\n"
-                                         f"{docs[i + 4]['text'][:1500]}"} for i, r in enumerate(planted)]
+    crawl += [
+        {
+            "id": f"leak{i}",
+            "text": f"{docs[i]['text'][:1500]}\n\n{r['context']} {r['target']}.\n\n{docs[i + 4]['text'][:1500]}",
+        }
+        for i, r in enumerate(planted)
+    ]
     with gzip.open(tmp_path / "crawl.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(d) + "\n" for d in crawl)
-    proc = subprocess.run([sys.executable, "-m", "glm_dist.cli", "data", "run", "-c",
-                           str(ROOT / "configs/data/fineweb.yaml"),
-                           f"input={tmp_path}/crawl.jsonl.gz", f"benchmarks={tasks['suite']}/pydoc_cloze/test.jsonl",
-                           f"output={tmp_path}/crawl", "stages=[]", "dedup.exact=false", "dedup.minhash=false",
-                           "workers=1"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "glm_dist.cli",
+            "data",
+            "run",
+            "-c",
+            str(ROOT / "configs/data/fineweb.yaml"),
+            f"input={tmp_path}/crawl.jsonl.gz",
+            f"benchmarks={tasks['suite']}/pydoc_cloze/test.jsonl",
+            f"output={tmp_path}/crawl",
+            "stages=[]",
+            "dedup.exact=false",
+            "dedup.minhash=false",
+            "workers=1",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "crawl/contamination.json").read_text())["benchmarks"]["test"]
     dirty = set(report["dirty_ids"])
     assert {r["id"] for r in planted} <= dirty and len(report["dirty_ids"]) == report["dirty"]
     ckpt = one_process / "checkpoints/step_00000020"
-    run_glm(["eval", "--checkpoint", str(ckpt), "--tasks", "pydoc_cloze", "--include-path", str(tasks["suite"]),
-             "--limit", str(limit), "--contamination", str(tmp_path / "crawl/contamination.json"),
-             "--out", str(tmp_path / "scores.json")])
+    run_glm(
+        [
+            "eval",
+            "--checkpoint",
+            str(ckpt),
+            "--tasks",
+            "pydoc_cloze",
+            "--include-path",
+            str(tasks["suite"]),
+            "--limit",
+            str(limit),
+            "--contamination",
+            str(tmp_path / "crawl/contamination.json"),
+            "--out",
+            str(tmp_path / "scores.json"),
+        ]
+    )
     scores = json.loads((tmp_path / "scores.json").read_text())
     split = scores["contamination"]["tasks"]["pydoc_cloze"]
     n_dirty = sum(r["id"] in dirty for r in test_rows[:limit])
     assert [split[s]["items"] for s in ("all", "clean", "dirty")] == [limit, limit - n_dirty, n_dirty]
     assert n_dirty >= 4
     assert split["all"]["acc,none"] == pytest.approx(scores["results"]["pydoc_cloze"]["acc,none"])
-    assert split["all"]["perplexity,none"] == pytest.approx(scores["results"]["pydoc_cloze"]["perplexity,none"],
-                                                            rel=1e-9)
+    assert split["all"]["perplexity,none"] == pytest.approx(
+        scores["results"]["pydoc_cloze"]["perplexity,none"], rel=1e-9
+    )
     w = n_dirty / limit  # all = the item-weighted mix of clean and dirty (perplexity: of its logarithm)
     mix = (1 - w) * split["clean"]["acc,none"] + w * split["dirty"]["acc,none"]
     assert split["all"]["acc,none"] == pytest.approx(mix)
     assert math.log(split["all"]["perplexity,none"]) == pytest.approx(
-        (1 - w) * math.log(split["clean"]["perplexity,none"]) + w * math.log(split["dirty"]["perplexity,none"]))
+        (1 - w) * math.log(split["clean"]["perplexity,none"]) + w * math.log(split["dirty"]["perplexity,none"])
+    )
 
 
 # -- perplexity per token, word and byte, in sliding windows ------------------------------------------
@@ -200,10 +276,12 @@ def small_lm(shards_dir):
     return model, Tokenizer.from_file(f"{shards_dir}/tokenizer.json")
 
 
-TEXT = ("Return a new sorted list from the items in iterable. Has two optional arguments which must be specified "
-        "as keyword arguments. key specifies a function of one argument that is used to extract a comparison key "
-        "from each element in iterable. reverse is a boolean value; if set to True, the list elements are sorted as "
-        "if each comparison were reversed.")
+TEXT = (
+    "Return a new sorted list from the items in iterable. Has two optional arguments which must be specified "
+    "as keyword arguments. key specifies a function of one argument that is used to extract a comparison key "
+    "from each element in iterable. reverse is a boolean value; if set to True, the list elements are sorted as "
+    "if each comparison were reversed."
+)
 
 
 def test_stride_equal_to_the_context_is_the_non_overlapping_evaluation(small_lm):
@@ -215,8 +293,8 @@ def test_stride_equal_to_the_context_is_the_non_overlapping_evaluation(small_lm)
 
     def chunk_nll(a: int, b: int, scored: int) -> float:  # inputs x[a:b], the last `scored` predictions
         with torch.no_grad():
-            lp = torch.log_softmax(model(x[None, a:b]), -1)[0, b - a - scored:]
-        return -lp.gather(-1, x[b - scored + 1:b + 1, None]).sum().item()
+            lp = torch.log_softmax(model(x[None, a:b]), -1)[0, b - a - scored :]
+        return -lp.gather(-1, x[b - scored + 1 : b + 1, None]).sum().item()
 
     for n in (48, len(ids)):  # three whole chunks, and a partial last one
         ends = list(range(16, n + 1, 16)) + ([n] if n % 16 else [])
@@ -239,12 +317,12 @@ def test_sliding_window_likelihood_equals_the_harness_rolling_likelihood(small_l
 
     rolling = lm.loglikelihood_rolling([Req()])[0]
     assert -document_nll(model, tok.encode(TEXT).ids, prefix_id=0, context=16, stride=stride) == pytest.approx(
-        rolling, abs=1e-3)
+        rolling, abs=1e-3
+    )
 
 
 @pytest.mark.slow
-def test_glm_eval_reports_token_word_and_byte_perplexity_as_lm_eval_rolling_tasks_do(one_process, shards_dir,
-                                                                                     tmp_path):
+def test_glm_eval_reports_token_word_and_byte_perplexity_as_lm_eval_rolling_tasks_do(one_process, shards_dir, tmp_path):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -254,9 +332,22 @@ def test_glm_eval_reports_token_word_and_byte_perplexity_as_lm_eval_rolling_task
     from glm_dist.hf.export import export_checkpoint
 
     ckpt = one_process / "checkpoints/step_00000020"
-    ev = run_glm(["eval", "-c", TINY, *COMMON, f"data.shards_dir={shards_dir}", "--checkpoint", str(ckpt),
-                  "--documents", "3", "--stride", "64"])
-    docs = json.loads(ev.stdout[ev.stdout.index("{"):])["documents"]
+    ev = run_glm(
+        [
+            "eval",
+            "-c",
+            TINY,
+            *COMMON,
+            f"data.shards_dir={shards_dir}",
+            "--checkpoint",
+            str(ckpt),
+            "--documents",
+            "3",
+            "--stride",
+            "64",
+        ]
+    )
+    docs = json.loads(ev.stdout[ev.stdout.index("{") :])["documents"]
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     first = read_shard(shard_urls(shards_dir, read_manifest(shards_dir), "validation")[0])[:3]
     texts = [tok.decode(d.tokens.tolist()) for d in first]
@@ -265,13 +356,26 @@ def test_glm_eval_reports_token_word_and_byte_perplexity_as_lm_eval_rolling_task
     assert docs["words"] < docs["tokens"] < docs["bytes"] and docs["stride"] == 64
     assert docs["token_perplexity"] == pytest.approx(math.exp(docs["nll"] / docs["tokens"]))
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    (tmp_path / "rolling.yaml").write_text(yaml.safe_dump({
-        "task": "val_rolling", "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(tmp_path / "docs.jsonl")}},
-        "test_split": "test", "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-        "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]}))
-    results = simple_evaluate(model=GlmLM(str(ckpt), rolling_stride=64), tasks=["val_rolling"], bootstrap_iters=0,
-                              task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False))
+    (tmp_path / "rolling.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "task": "val_rolling",
+                "dataset_path": "json",
+                "dataset_kwargs": {"data_files": {"test": str(tmp_path / "docs.jsonl")}},
+                "test_split": "test",
+                "output_type": "loglikelihood_rolling",
+                "doc_to_text": "",
+                "doc_to_target": "{{text}}",
+                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+            }
+        )
+    )
+    results = simple_evaluate(
+        model=GlmLM(str(ckpt), rolling_stride=64),
+        tasks=["val_rolling"],
+        bootstrap_iters=0,
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+    )
     theirs = results["results"]["val_rolling"]
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
         assert docs[metric] == pytest.approx(theirs[f"{metric},none"], rel=1e-4), metric

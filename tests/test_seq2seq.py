@@ -1,4 +1,5 @@
 """Encoder-decoder family: T5 (1.0, v1.1) and BART against transformers."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,14 +33,18 @@ def test_t5_logits_match_transformers(flavor):
     ours.load_state_dict(from_hf_state_dict(hf.state_dict(), list(ours.state_dict())))
     x, mask, dec = _inputs(cfg.pad_id, cfg.pad_id, 700)
     with torch.no_grad():
-        assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
-                                                                  decoder_input_ids=dec).logits).abs().max() <= TOL
+        assert (
+            ours(x, dec, attention_mask=mask)["logits"]
+            - hf(input_ids=x, attention_mask=mask, decoder_input_ids=dec).logits
+        ).abs().max() <= TOL
     if cfg.tied:  # and the other way: our random weights in transformers
         ours = T5(cfg).eval()
         hf.load_state_dict(to_hf_state_dict(ours.state_dict()))
         with torch.no_grad():
-            assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
-                                                                      decoder_input_ids=dec).logits).abs().max() <= TOL
+            assert (
+                ours(x, dec, attention_mask=mask)["logits"]
+                - hf(input_ids=x, attention_mask=mask, decoder_input_ids=dec).logits
+            ).abs().max() <= TOL
 
 
 def test_bart_logits_match_transformers_both_ways():
@@ -55,12 +60,16 @@ def test_bart_logits_match_transformers_both_ways():
     ours.load_state_dict(from_hf_state_dict(hf.state_dict(), list(ours.state_dict())))
     x, mask, dec = _inputs(cfg.pad_id, 2, 700)
     with torch.no_grad():
-        assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
-                                                                  decoder_input_ids=dec).logits).abs().max() <= TOL
+        assert (
+            ours(x, dec, attention_mask=mask)["logits"]
+            - hf(input_ids=x, attention_mask=mask, decoder_input_ids=dec).logits
+        ).abs().max() <= TOL
         ours = Bart(cfg).eval()
         hf.load_state_dict(to_hf_state_dict(ours.state_dict()), strict=False)
-        assert (ours(x, dec, attention_mask=mask)["logits"] - hf(input_ids=x, attention_mask=mask,
-                                                                  decoder_input_ids=dec).logits).abs().max() <= TOL
+        assert (
+            ours(x, dec, attention_mask=mask)["logits"]
+            - hf(input_ids=x, attention_mask=mask, decoder_input_ids=dec).logits
+        ).abs().max() <= TOL
 
 
 @pytest.mark.parametrize("name", [*published_flavors("t5"), *published_flavors("bart")])
@@ -74,12 +83,14 @@ def test_seq2seq_published_sizes_match_their_counts_and_transformers(name):
         from transformers import BartForConditionalGeneration
 
         from glm_dist.families.bart.hf import to_hf_config
+
         with torch.device("meta"):
             assert n == BartForConditionalGeneration(to_hf_config(flavor.cfg)).num_parameters()
     else:
         from transformers import T5ForConditionalGeneration
 
         from glm_dist.families.t5.hf import to_hf_config
+
         with torch.device("meta"):
             assert n == T5ForConditionalGeneration(to_hf_config(flavor.cfg)).num_parameters()
 
@@ -99,9 +110,20 @@ import json  # noqa: E402
 
 from tests.conftest import ROOT, run_glm  # noqa: E402
 
-QUICK = ["train.max_steps=30", "train.eval_interval=0", "train.eval_batches=4", "train.micro_batch_size=8",
-         "data.seq_len=64", "logging.wandb=false", "logging.progress=false", "train.plot=false",
-         "train.precision=fp32", "data.vocab_size=2048", "model.vocab_size=2048", "train.warmup_steps=3"]
+QUICK = [
+    "train.max_steps=30",
+    "train.eval_interval=0",
+    "train.eval_batches=4",
+    "train.micro_batch_size=8",
+    "data.seq_len=64",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "train.precision=fp32",
+    "data.vocab_size=2048",
+    "model.vocab_size=2048",
+    "train.warmup_steps=3",
+]
 
 
 def _losses(out_dir):
@@ -117,11 +139,18 @@ def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_t
     from glm_dist.models.generate import GenerationConfig, generate
     from glm_dist.eval.run import load_checkpoint_model
 
-    common = ["train", "-c", str(ROOT / f"configs/experiments/{family}-tiny-cpu.yaml"), *QUICK,
-              f"data.source={corpus}", f"data.shards_dir={tmp_path / 'shards'}", "parallel.zero_stage=3"]
+    common = [
+        "train",
+        "-c",
+        str(ROOT / f"configs/experiments/{family}-tiny-cpu.yaml"),
+        *QUICK,
+        f"data.source={corpus}",
+        f"data.shards_dir={tmp_path / 'shards'}",
+        "parallel.zero_stage=3",
+    ]
     one = run_glm([*common, f"train.out_dir={tmp_path / 'one'}", "train.grad_accum_steps=2"])
     two = run_glm([*common, f"train.out_dir={tmp_path / 'two'}"], nproc=2)
-    s1, s2 = (json.loads(p.stdout[p.stdout.index("{"):]) for p in (one, two))
+    s1, s2 = (json.loads(p.stdout[p.stdout.index("{") :]) for p in (one, two))
     assert s2["val_loss"] < s2["val_loss_before"] - 1.0
     # Same global batch: the first steps agree to fp32 precision; later steps drift by the order of
     # gradient summation (gloo vs local accumulation), amplified by these tiny, high-LR runs.
@@ -132,31 +161,71 @@ def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_t
     run_glm(["export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")])
     hf = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
-    enc = tok(["Return the number of items in a container.", "Open file and return a stream."],
-              return_tensors="pt", padding=True)
+    enc = tok(
+        ["Return the number of items in a container.", "Open file and return a stream."],
+        return_tensors="pt",
+        padding=True,
+    )
     ours, _ = load_checkpoint_model(ckpt)
     start = ours.cfg.pad_id if family == "t5" else tok.eos_token_id
     for strategy, beams in (("greedy", 1), ("beam", 3)):
-        mine = generate(ours, enc.input_ids, GenerationConfig(max_new_tokens=12, strategy=strategy, num_beams=beams,
-                                                              eos_id=tok.eos_token_id),
-                        attention_mask=enc.attention_mask, start_id=start)
-        theirs = hf.generate(**enc, max_new_tokens=12, do_sample=False, num_beams=beams, early_stopping=True,
-                             min_length=0, forced_bos_token_id=None, forced_eos_token_id=None,
-                             no_repeat_ngram_size=0, length_penalty=1.0)
+        mine = generate(
+            ours,
+            enc.input_ids,
+            GenerationConfig(max_new_tokens=12, strategy=strategy, num_beams=beams, eos_id=tok.eos_token_id),
+            attention_mask=enc.attention_mask,
+            start_id=start,
+        )
+        theirs = hf.generate(
+            **enc,
+            max_new_tokens=12,
+            do_sample=False,
+            num_beams=beams,
+            early_stopping=True,
+            min_length=0,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            no_repeat_ngram_size=0,
+            length_penalty=1.0,
+        )
         n = min(mine.shape[1], theirs.shape[1])
         assert torch.equal(mine[:, :n], theirs[:, :n]), strategy
 
 
 @pytest.mark.slow
 def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, tmp_path):
-    run_glm(["train", "-c", str(ROOT / "configs/experiments/t5-tiny-cpu.yaml"), *QUICK, "train.max_steps=60",
-             "data.seq_len=128", f"data.source={corpus}", f"data.shards_dir={tmp_path / 'shards'}",
-             f"train.out_dir={tmp_path / 'pre'}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            str(ROOT / "configs/experiments/t5-tiny-cpu.yaml"),
+            *QUICK,
+            "train.max_steps=60",
+            "data.seq_len=128",
+            f"data.source={corpus}",
+            f"data.shards_dir={tmp_path / 'shards'}",
+            f"train.out_dir={tmp_path / 'pre'}",
+        ]
+    )
     run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
-    out = run_glm(["finetune", "--task", "seq2seq", "--prefix", "module: ", "--checkpoint",
-                   str(tmp_path / "pre/checkpoints/step_00000060"), "--train", str(tmp_path / "task.jsonl"),
-                   "--epochs", "12", "--lr", "1e-3"])
-    result = json.loads(out.stdout[out.stdout.index("{"):])
+    out = run_glm(
+        [
+            "finetune",
+            "--task",
+            "seq2seq",
+            "--prefix",
+            "module: ",
+            "--checkpoint",
+            str(tmp_path / "pre/checkpoints/step_00000060"),
+            "--train",
+            str(tmp_path / "task.jsonl"),
+            "--epochs",
+            "12",
+            "--lr",
+            "1e-3",
+        ]
+    )
+    result = json.loads(out.stdout[out.stdout.index("{") :])
     # The fine-tuned model answers in the task's output space, as generated text, better than the
     # majority class (six pretraining seeds: 0.55 to 0.71 against 0.48 after 12 epochs; 8 epochs were
     # too few, one seed stayed on the majority answer and CI's run ended below it; see

@@ -1,4 +1,5 @@
 """Tokenizer profiles, resumable parallel shard writing, remote shards, every objective's resume."""
+
 from __future__ import annotations
 
 import filecmp
@@ -16,8 +17,17 @@ from glm_dist.data.shards import read_manifest, read_shard
 from glm_dist.objectives.registry import OBJECTIVES
 
 TEXT = "Return the number of items in a container. Hello, World!"
-PROFILE_FOR = {"clm": "gpt2", "mlm": "roberta", "mlm_nsp": "bert", "sop": "albert", "span_corruption": "t5",
-               "denoising": "roberta", "electra": "bert", "plm": "xlnet", "bilm": "word"}  # glove: tests/test_glove.py
+PROFILE_FOR = {
+    "clm": "gpt2",
+    "mlm": "roberta",
+    "mlm_nsp": "bert",
+    "sop": "albert",
+    "span_corruption": "t5",
+    "denoising": "roberta",
+    "electra": "bert",
+    "plm": "xlnet",
+    "bilm": "word",
+}  # glove: tests/test_glove.py
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
@@ -30,7 +40,7 @@ def test_tokenizer_profile_loads_in_transformers_with_its_special_tokens(profile
     ids = manifest["tokenizer"]["special_ids"]
     for role, token in PROFILES[profile].roles.items():
         assert tok.convert_tokens_to_ids(token) == ids[role], (role, token)
-    assert ids["all_specials"][:len(PROFILES[profile].specials)] == list(range(len(PROFILES[profile].specials)))
+    assert ids["all_specials"][: len(PROFILES[profile].specials)] == list(range(len(PROFILES[profile].specials)))
     plain = tok(TEXT, add_special_tokens=False).input_ids
     if PROFILES[profile].kind == "wordlevel":  # lower-cased words; a word outside the vocabulary is <unk>
         from data_pipeline.tokenize.word import split_words

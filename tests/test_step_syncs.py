@@ -5,6 +5,7 @@ optimizer wrappers -- their gradient-norm checks and clipping stay on the device
 and a non-finite gradient still skipping the step. Before, bf16 at ZeRO-0 read 33 scalars a step
 on the tiny model (FP16_UnfusedOptimizer's per-tensor overflow flags: 148 on GPT-2 124M), bf16
 ZeRO-1 four, ZeRO-1/2 five or six, ZeRO-3 three."""
+
 from __future__ import annotations
 
 import json

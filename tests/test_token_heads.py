@@ -1,6 +1,7 @@
 """BERT's token-level heads (glm_dist/transfer/token_tasks.py): span extraction scored with SQuAD's
 exact match and F1, token classification, from every encoder family and XLNet, on WordNet's
 example sentences (data_pipeline/wordnet_heads.py)."""
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,16 @@ def test_span_and_token_heads_fine_tune_from_every_encoder_family(name, wordnet_
     pad = special_ids(tok, profile)["pad"]
     args = FinetuneArgs(checkpoint="", train="", task="span", epochs=4, lr=3e-3, batch_size=16, max_len=64)
     # the gold answer comes back from the token offsets, whatever the tokenizer and padding side
-    spans = token_tasks.span_data(wordnet_rows["span"], tok, token_tasks.fields(args), max_len=64, pad_id=pad,
-                                  left=family(name).pad_left)
+    spans = token_tasks.span_data(
+        wordnet_rows["span"], tok, token_tasks.fields(args), max_len=64, pad_id=pad, left=family(name).pad_left
+    )
     found = (spans["positions"] >= 0).all(1)
     assert found.float().mean() > 0.95  # a few answers lie past max_len: cut off
     for i, row in enumerate(wordnet_rows["span"]):
         if not found[i]:
             continue
         a, b = spans["positions"][i].tolist()
-        cut = row["context"][spans["contexts"][i][a][0]:spans["contexts"][i][b][1]]
+        cut = row["context"][spans["contexts"][i][a][0] : spans["contexts"][i][b][1]]
         assert normalize_answer(cut) == normalize_answer(row["answers"]["text"][0]), (row, cut)
     train, valid = split_rows(wordnet_rows["span"], 200)
     encoder, pad_left = _encoder(name, tok)
@@ -103,8 +105,13 @@ def test_token_heads_take_ulmfits_tricks_and_adapters(wordnet_rows):
         encoder, pad_left = _encoder("bert", tok)
         args = FinetuneArgs(**base, epochs=epochs, schedule="stlr", discriminative_lr=2.6, gradual_unfreezing=True)
         tagged = token_tasks.train_tokens(encoder, tok, train, valid, args, pad_id=pad, pad_left=pad_left)
-        assert tagged["settings"] == {"schedule": "stlr", "discriminative_lr": 2.6, "gradual_unfreezing": True,
-                                      "adapters": 0, "layer_groups": 4}  # embeddings, 2 blocks, the head
+        assert tagged["settings"] == {
+            "schedule": "stlr",
+            "discriminative_lr": 2.6,
+            "gradual_unfreezing": True,
+            "adapters": 0,
+            "layer_groups": 4,
+        }  # embeddings, 2 blocks, the head
         moved[epochs] = {k for k, v in encoder.state_dict().items() if not torch.equal(before[k], v)}
     assert not moved[1]  # the head alone
     top = {k for k in before if k.startswith("blocks.1.")}
@@ -114,8 +121,9 @@ def test_token_heads_take_ulmfits_tricks_and_adapters(wordnet_rows):
     encoder, pad_left = _encoder("bert", tok)
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
     args = FinetuneArgs(**base, epochs=2, adapters=8)
-    tagged = token_tasks.train_tokens(encoder, tok, train, valid, args, pad_id=pad, pad_left=pad_left,
-                                      adapter_sites=family("bert").adapter_sites)
+    tagged = token_tasks.train_tokens(
+        encoder, tok, train, valid, args, pad_id=pad, pad_left=pad_left, adapter_sites=family("bert").adapter_sites
+    )
     after = encoder.state_dict()
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all(".ln" in k or k.startswith("ln") for k in moved), sorted(moved)  # norms only
@@ -126,13 +134,38 @@ def test_token_heads_take_ulmfits_tricks_and_adapters(wordnet_rows):
 def test_glm_finetune_extracts_wordnet_answers_from_a_pretrained_bert(corpus, tmp_path):
     from tests.test_train_encoders import QUICK, experiment
 
-    run_glm(["train", "-c", experiment("bert"), *QUICK, f"data.source={corpus}",
-             f"data.shards_dir={tmp_path / 'shards'}", f"train.out_dir={tmp_path / 'pre'}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            experiment("bert"),
+            *QUICK,
+            f"data.source={corpus}",
+            f"data.shards_dir={tmp_path / 'shards'}",
+            f"train.out_dir={tmp_path / 'pre'}",
+        ]
+    )
     run_glm(["data", "token-tasks", "--out", str(tmp_path / "rows"), "--parts", "r", "--limit", "600"])
-    out = run_glm(["finetune", "--task", "span", "--checkpoint", str(tmp_path / "pre/checkpoints/step_00000040"),
-                   "--train", str(tmp_path / "rows/wordnet_span.jsonl"), "--epochs", "2", "--lr", "1e-3",
-                   "--max-len", "64", "--out", str(tmp_path / "ft")])
-    result = json.loads(out.stdout[out.stdout.index("{"):])
+    out = run_glm(
+        [
+            "finetune",
+            "--task",
+            "span",
+            "--checkpoint",
+            str(tmp_path / "pre/checkpoints/step_00000040"),
+            "--train",
+            str(tmp_path / "rows/wordnet_span.jsonl"),
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--max-len",
+            "64",
+            "--out",
+            str(tmp_path / "ft"),
+        ]
+    )
+    result = json.loads(out.stdout[out.stdout.index("{") :])
     assert result["valid_examples"] >= 90 and result["train_answers_cut_off"] <= 10
     # one run measured 0.33 exact match (F1 0.56) against 0.12 for the first word; the longest word of an
     # adverb's example sentence is the answer 0.61 of the time, which the tiny model does not reach
@@ -140,6 +173,16 @@ def test_glm_finetune_extracts_wordnet_answers_from_a_pretrained_bert(corpus, tm
     assert result["valid_f1"] >= result["valid_exact_match"]
     assert (tmp_path / "ft/model.safetensors").exists()
     assert json.loads((tmp_path / "ft/finetune.json").read_text())["task"] == "span"
-    refused = run_glm(["finetune", "--task", "span", "--checkpoint", str(tmp_path / "pre/checkpoints/step_00000040"),
-                       "--train", str(tmp_path / "rows/wordnet_pos.jsonl")], check=False)
+    refused = run_glm(
+        [
+            "finetune",
+            "--task",
+            "span",
+            "--checkpoint",
+            str(tmp_path / "pre/checkpoints/step_00000040"),
+            "--train",
+            str(tmp_path / "rows/wordnet_pos.jsonl"),
+        ],
+        check=False,
+    )
     assert refused.returncode == 2 and "has no field 'context'" in refused.stderr

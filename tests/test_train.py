@@ -2,6 +2,7 @@
 
 Each run is a real ``glm`` process (or ``torchrun`` with gloo), as a user would start it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,17 @@ def reference_run(shards_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_two_processes_with_zero_match_one_process_step_by_step(zero_stage, shards_dir, tmp_path, reference_run):
-    run_glm(fast(shards_dir, tmp_path, "train.max_steps=8", "train.grad_accum_steps=1",
-                 f"parallel.zero_stage={zero_stage}", "train.global_batch_size=8"), nproc=2)
+    run_glm(
+        fast(
+            shards_dir,
+            tmp_path,
+            "train.max_steps=8",
+            "train.grad_accum_steps=1",
+            f"parallel.zero_stage={zero_stage}",
+            "train.global_batch_size=8",
+        ),
+        nproc=2,
+    )
     losses = train_losses(tmp_path)
     assert len(losses) == len(reference_run) == 8
     assert max(abs(a - b) for a, b in zip(losses, reference_run)) <= MULTI_PROCESS_TOL, (losses, reference_run)
@@ -45,8 +55,12 @@ def test_two_processes_with_zero_match_one_process_step_by_step(zero_stage, shar
 
 @pytest.mark.parametrize("precision,zero_stage,workers", [("fp32", 0, 0), ("bf16", 2, 0), ("fp32", 1, 2)])
 def test_stopped_and_resumed_run_gives_identical_losses(precision, zero_stage, workers, shards_dir, tmp_path):
-    common = ["train.max_steps=10", f"train.precision={precision}", f"parallel.zero_stage={zero_stage}",
-              f"data.num_workers={workers}"]
+    common = [
+        "train.max_steps=10",
+        f"train.precision={precision}",
+        f"parallel.zero_stage={zero_stage}",
+        f"data.num_workers={workers}",
+    ]
     run_glm(fast(shards_dir, tmp_path / "straight", *common))
     run_glm(fast(shards_dir, tmp_path / "split", *common, "train.stop_at_step=5"))
     assert (tmp_path / "split/checkpoints/step_00000005/meta.json").exists()
@@ -58,8 +72,11 @@ def test_stopped_and_resumed_run_gives_identical_losses(precision, zero_stage, w
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_corrupt_or_missing_checkpoint_stops_with_a_clear_error_and_writes_nothing(shards_dir, tmp_path):
@@ -86,8 +103,10 @@ def test_corrupt_or_missing_checkpoint_stops_with_a_clear_error_and_writes_nothi
     assert proc.returncode == 2 and "does not match its SHA-256" in proc.stderr
     # ... and with meta.json edited to match, the load refuses the file, still without writing anything.
     meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"]["shards/rank00000.fp32.safetensors"] = {"size": size,
-                                                          "sha256": hashlib.sha256(b"\x00" * size).hexdigest()}
+    meta["files"]["shards/rank00000.fp32.safetensors"] = {
+        "size": size,
+        "sha256": hashlib.sha256(b"\x00" * size).hexdigest(),
+    }
     (ckpt / "meta.json").write_text(json.dumps(meta))
     before = tree_digest(tmp_path)
     proc = run_glm(fast(shards_dir, tmp_path, "train.max_steps=6"), check=False)
@@ -139,10 +158,23 @@ print("REPORT" + json.dumps(report))
 
 @pytest.mark.parametrize("zero_stage", [0, 2])
 def test_non_finite_loss_skips_the_step_counts_it_and_stops_after_the_limit(zero_stage, shards_dir, tmp_path):
-    args = [TINY, *FAST, f"data.shards_dir={shards_dir}", f"train.out_dir={tmp_path}", "train.max_steps=20",
-            "train.max_skipped_steps=3", f"parallel.zero_stage={zero_stage}"]
-    proc = subprocess.run([sys.executable, "-c", NAN_SCRIPT, *args], cwd=ROOT, env=clean_env(2),
-                          capture_output=True, text=True, timeout=300)
+    args = [
+        TINY,
+        *FAST,
+        f"data.shards_dir={shards_dir}",
+        f"train.out_dir={tmp_path}",
+        "train.max_steps=20",
+        "train.max_skipped_steps=3",
+        f"parallel.zero_stage={zero_stage}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", NAN_SCRIPT, *args],
+        cwd=ROOT,
+        env=clean_env(2),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.split("REPORT", 1)[1])
     steps = {r["step"]: r for r in report if "step" in r}
@@ -159,10 +191,23 @@ def test_end_to_end_train_eval_export(shards_dir, tmp_path):
     """The quickstart path on the real tiny config (bf16, ZeRO-1): loss falls, perplexity falls,
     checkpoint + loss curve + W&B offline run are written; eval and export-hf work on the result."""
     out = tmp_path / "run"
-    proc = run_glm(["train", "-c", TINY, f"data.shards_dir={shards_dir}", f"train.out_dir={out}",
-                    "model.vocab_size=2048", "train.max_steps=60", "train.warmup_steps=10", "train.eval_interval=30",
-                    "train.save_interval=30", "train.micro_batch_size=8", "data.seq_len=128"])
-    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    proc = run_glm(
+        [
+            "train",
+            "-c",
+            TINY,
+            f"data.shards_dir={shards_dir}",
+            f"train.out_dir={out}",
+            "model.vocab_size=2048",
+            "train.max_steps=60",
+            "train.warmup_steps=10",
+            "train.eval_interval=30",
+            "train.save_interval=30",
+            "train.micro_batch_size=8",
+            "data.seq_len=128",
+        ]
+    )
+    summary = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert summary["val_perplexity"] < 0.5 * summary["val_perplexity_before"]
     assert "validation perplexity:" in proc.stderr and "tok_s=" in proc.stderr  # progress bar
     assert (out / "loss_curve.png").stat().st_size > 10_000
@@ -170,9 +215,19 @@ def test_end_to_end_train_eval_export(shards_dir, tmp_path):
     wandb_runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert wandb_runs and wandb_runs[0].stat().st_size > 0
 
-    ev = run_glm(["eval", "-c", TINY, f"data.shards_dir={shards_dir}", "train.micro_batch_size=8", "data.seq_len=128",
-                  "--checkpoint", str(out / "checkpoints/step_00000060")])
-    metrics = json.loads(ev.stdout[ev.stdout.index("{"):])
+    ev = run_glm(
+        [
+            "eval",
+            "-c",
+            TINY,
+            f"data.shards_dir={shards_dir}",
+            "train.micro_batch_size=8",
+            "data.seq_len=128",
+            "--checkpoint",
+            str(out / "checkpoints/step_00000060"),
+        ]
+    )
+    metrics = json.loads(ev.stdout[ev.stdout.index("{") :])
     assert metrics["step"] == 60
     assert metrics["loss"] == pytest.approx(summary["val_loss"], rel=0.02)  # fp32 eval vs bf16 training
     assert metrics["bits_per_byte"] == pytest.approx(summary["val_bits_per_byte"], rel=0.02)

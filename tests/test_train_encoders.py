@@ -1,5 +1,6 @@
 """Encoder family pretraining on the embedded corpus: loss down, MLM accuracy up, under one process
 and under torchrun with ZeRO-2; the checkpoint exports to transformers."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,20 @@ import torch
 from tests.conftest import ROOT, run_glm
 
 pytestmark = pytest.mark.slow
-QUICK = ["train.max_steps=40", "train.eval_interval=0", "train.eval_batches=4", "train.micro_batch_size=16",
-         "data.seq_len=64", "logging.wandb=false", "logging.progress=false", "train.plot=false",
-         "train.precision=fp32", "data.vocab_size=2048", "model.vocab_size=2048", "train.warmup_steps=4"]
+QUICK = [
+    "train.max_steps=40",
+    "train.eval_interval=0",
+    "train.eval_batches=4",
+    "train.micro_batch_size=16",
+    "data.seq_len=64",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "train.precision=fp32",
+    "data.vocab_size=2048",
+    "model.vocab_size=2048",
+    "train.warmup_steps=4",
+]
 
 
 def experiment(name: str) -> str:
@@ -20,7 +32,7 @@ def experiment(name: str) -> str:
 
 
 def summary(proc) -> dict:
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +43,17 @@ def encoder_shards(corpus, tmp_path_factory):
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "albert", "electra"])
 def test_tiny_encoder_pretraining_lowers_the_loss_and_raises_mlm_accuracy(family, corpus, encoder_shards, tmp_path):
-    out = run_glm(["train", "-c", experiment(family), *QUICK, f"data.source={corpus}",
-                   f"data.shards_dir={encoder_shards[family]}", f"train.out_dir={tmp_path}"])
+    out = run_glm(
+        [
+            "train",
+            "-c",
+            experiment(family),
+            *QUICK,
+            f"data.source={corpus}",
+            f"data.shards_dir={encoder_shards[family]}",
+            f"train.out_dir={tmp_path}",
+        ]
+    )
     s = summary(out)
     assert s["val_loss"] < s["val_loss_before"] - 1.0
     assert s["val_accuracy"] > 0.03  # chance is 1/vocab (~0.0003); one clean-clone run measured 0.048
@@ -44,20 +65,33 @@ def test_tiny_encoder_pretraining_lowers_the_loss_and_raises_mlm_accuracy(family
 
 
 def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, encoder_shards, tmp_path):
-    common = ["train", "-c", experiment("bert"), *QUICK, f"data.source={corpus}",
-              f"data.shards_dir={encoder_shards['bert']}"]
+    common = [
+        "train",
+        "-c",
+        experiment("bert"),
+        *QUICK,
+        f"data.source={corpus}",
+        f"data.shards_dir={encoder_shards['bert']}",
+    ]
     run_glm([*common, f"train.out_dir={tmp_path / 'one'}", "train.grad_accum_steps=2", "parallel.zero_stage=2"])
     two = run_glm([*common, f"train.out_dir={tmp_path / 'two'}", "parallel.zero_stage=2"], nproc=2)
     assert "world size 2, ZeRO-2" in two.stderr
-    losses = [[json.loads(r)["loss"] for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
-               if json.loads(r)["kind"] == "train"] for d in ("one", "two")]
+    losses = [
+        [
+            json.loads(r)["loss"]
+            for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+            if json.loads(r)["kind"] == "train"
+        ]
+        for d in ("one", "two")
+    ]
     assert max(abs(a - b) for a, b in zip(*losses)) < 1e-4  # same global batch, same losses
     assert summary(two)["val_loss"] < summary(two)["val_loss_before"] - 1.5
 
     from transformers import AutoTokenizer, BertForPreTraining
 
-    run_glm(["export-hf", "--checkpoint", str(tmp_path / "two/checkpoints/step_00000040"),
-             "--out", str(tmp_path / "hf")])
+    run_glm(
+        ["export-hf", "--checkpoint", str(tmp_path / "two/checkpoints/step_00000040"), "--out", str(tmp_path / "hf")]
+    )
     model = BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     enc = tok("return the number of items.", "hello world!", return_tensors="pt")
@@ -72,13 +106,37 @@ def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, enc
 
 
 def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority_baseline(
-        corpus, encoder_shards, tmp_path):
-    run_glm(["train", "-c", experiment("bert"), *QUICK, "train.max_steps=60", f"data.source={corpus}",
-             f"data.shards_dir={encoder_shards['bert']}", f"train.out_dir={tmp_path / 'pre'}"])
+    corpus, encoder_shards, tmp_path
+):
+    run_glm(
+        [
+            "train",
+            "-c",
+            experiment("bert"),
+            *QUICK,
+            "train.max_steps=60",
+            f"data.source={corpus}",
+            f"data.shards_dir={encoder_shards['bert']}",
+            f"train.out_dir={tmp_path / 'pre'}",
+        ]
+    )
     run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
-    out = run_glm(["finetune", "--checkpoint", str(tmp_path / "pre/checkpoints/step_00000060"), "--train",
-                   str(tmp_path / "task.jsonl"), "--epochs", "8", "--lr", "1e-3", "--out", str(tmp_path / "ft")])
-    result = json.loads(out.stdout[out.stdout.index("{"):])
+    out = run_glm(
+        [
+            "finetune",
+            "--checkpoint",
+            str(tmp_path / "pre/checkpoints/step_00000060"),
+            "--train",
+            str(tmp_path / "task.jsonl"),
+            "--epochs",
+            "8",
+            "--lr",
+            "1e-3",
+            "--out",
+            str(tmp_path / "ft"),
+        ]
+    )
+    result = json.loads(out.stdout[out.stdout.index("{") :])
     assert result["labels"] == ["calendar", "math", "shutil", "tarfile", "urllib.parse"]
     assert result["valid_examples"] >= 40
     assert result["valid_accuracy"] >= result["majority_baseline"] + 0.1, result  # one clean-clone run measured +0.14
@@ -104,8 +162,19 @@ def test_span_head_scores_start_and_end_with_two_vectors_and_ignores_padding():
 
 @pytest.mark.parametrize("family", ["roberta", "albert", "electra"])
 def test_encoder_family_trains_under_torchrun_with_zero2(family, corpus, encoder_shards, tmp_path):
-    out = run_glm(["train", "-c", experiment(family), *QUICK, f"data.source={corpus}", "parallel.zero_stage=2",
-                   f"data.shards_dir={encoder_shards[family]}", f"train.out_dir={tmp_path}"], nproc=2)
+    out = run_glm(
+        [
+            "train",
+            "-c",
+            experiment(family),
+            *QUICK,
+            f"data.source={corpus}",
+            "parallel.zero_stage=2",
+            f"data.shards_dir={encoder_shards[family]}",
+            f"train.out_dir={tmp_path}",
+        ],
+        nproc=2,
+    )
     assert "world size 2, ZeRO-2" in out.stderr
     s = summary(out)
     assert s["val_loss"] < s["val_loss_before"] - 1.0

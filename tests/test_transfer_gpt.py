@@ -1,5 +1,6 @@
 """GPT-1 (post-LN) against transformers' OpenAIGPT models, GPT's input transformations and head
 (glm_dist/transfer), and `glm finetune` from GPT checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -146,8 +147,12 @@ def test_multiple_choice_scores_each_candidate_and_takes_the_softmax_over_candid
     add_token_embeddings(lm, 3)
     model = GPTTransfer(lm, "multiple_choice", 1).eval()
     sp = SpecialTokens.after(97)
-    batch = pack([inputs.multiple_choice([7, 8, 9], [[10], [11, 12], [13]], sp, 32),
-                  inputs.multiple_choice([7, 8], [[14], [15]], sp, 32)])  # two candidates: one filler
+    batch = pack(
+        [
+            inputs.multiple_choice([7, 8, 9], [[10], [11, 12], [13]], sp, 32),
+            inputs.multiple_choice([7, 8], [[14], [15]], sp, 32),
+        ]
+    )  # two candidates: one filler
     assert batch["input_ids"].shape == (2, 3, 8) and batch["extract"].tolist() == [[6, 7, 6], [5, 5, 0]]
     with torch.no_grad():
         logits = model(**batch)["logits"]
@@ -177,12 +182,18 @@ def test_the_lm_loss_is_the_mean_next_token_loss_over_the_real_tokens():
     lm = _gpt1(7)
     add_token_embeddings(lm, 3)
     model = GPTTransfer(lm, "classify", 2).eval()
-    batch = pack([inputs.classification([1, 2, 3, 4], SpecialTokens.after(97), 16),
-                  inputs.classification([5, 6], SpecialTokens.after(97), 16)])
+    batch = pack(
+        [
+            inputs.classification([1, 2, 3, 4], SpecialTokens.after(97), 16),
+            inputs.classification([5, 6], SpecialTokens.after(97), 16),
+        ]
+    )
     with torch.no_grad():
         got = model(**batch)["lm_loss"]
-        nll = [torch.nn.functional.cross_entropy(lm(ids[None, :n])[0, :-1], ids[1:n], reduction="sum")
-               for ids, n in zip(batch["input_ids"][:, 0], batch["lengths"][:, 0])]
+        nll = [
+            torch.nn.functional.cross_entropy(lm(ids[None, :n])[0, :-1], ids[1:n], reduction="sum")
+            for ids, n in zip(batch["input_ids"][:, 0], batch["lengths"][:, 0])
+        ]
     torch.testing.assert_close(got, sum(nll) / (5 + 3))
 
 
@@ -192,7 +203,13 @@ def test_recipes_fill_in_options_the_command_line_does_not_give():
 
     args = finetune_args({"checkpoint": "c", "train": "t", "recipe": "gpt", "epochs": 1, "lr": None})
     assert (args.lr, args.batch_size, args.epochs, args.warmup, args.lm_weight, args.dropout) == (
-        6.25e-5, 32, 1, 0.002, 0.5, 0.1)
+        6.25e-5,
+        32,
+        1,
+        0.002,
+        0.5,
+        0.1,
+    )
     assert finetune_args({"checkpoint": "c", "train": "t"}).lr == 5e-5  # no recipe: the defaults
     with pytest.raises(FinetuneError, match="no fine-tuning recipe 'bert'"):
         load_recipe("bert")
@@ -210,14 +227,24 @@ def test_a_recipe_file_with_an_unknown_key_is_refused(tmp_path):
 
 
 def _pretrain(family_config: str, shards_dir: str, out, steps: int) -> str:
-    run_glm(["train", "-c", str(ROOT / f"configs/experiments/{family_config}-tiny-cpu.yaml"), *FAST,
-             f"data.shards_dir={shards_dir}", "data.vocab_size=2048", "model.vocab_size=2048",
-             f"train.max_steps={steps}", f"train.out_dir={out}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            str(ROOT / f"configs/experiments/{family_config}-tiny-cpu.yaml"),
+            *FAST,
+            f"data.shards_dir={shards_dir}",
+            "data.vocab_size=2048",
+            "model.vocab_size=2048",
+            f"train.max_steps={steps}",
+            f"train.out_dir={out}",
+        ]
+    )
     return str(out / f"checkpoints/step_{steps:08d}")
 
 
 def _result(proc) -> dict:
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
 @pytest.mark.slow
@@ -241,13 +268,41 @@ def test_a_gpt1_checkpoint_exports_to_openai_gpt_and_fine_tunes_multiple_choice(
 
     rows = build().splits["train"]  # {"text", "choices": five module names, "label": index}
     (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = _result(run_glm(["finetune", "--recipe", "gpt", "--task", "multiple_choice", "--checkpoint", ckpt,
-                              "--train", str(tmp_path / "mc.jsonl"), "--epochs", "1", "--batch-size", "8"]))
+    result = _result(
+        run_glm(
+            [
+                "finetune",
+                "--recipe",
+                "gpt",
+                "--task",
+                "multiple_choice",
+                "--checkpoint",
+                ckpt,
+                "--train",
+                str(tmp_path / "mc.jsonl"),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+            ]
+        )
+    )
     assert result["task"] == "multiple_choice" and len(result["labels"]) == 5 and result["valid_examples"] > 0
     assert result["settings"] | {"epochs": 1, "batch_size": 8} == {
-        "lr": 6.25e-5, "batch_size": 8, "epochs": 1, "warmup": 0.002, "lm_weight": 0.5, "dropout": 0.1, "max_len": 128,
+        "lr": 6.25e-5,
+        "batch_size": 8,
+        "epochs": 1,
+        "warmup": 0.002,
+        "lm_weight": 0.5,
+        "dropout": 0.1,
+        "max_len": 128,
         # GPT's recipe uses none of ULMFiT's tricks (glm_dist/transfer/tricks.py): off by default
-        "schedule": "linear", "discriminative_lr": 0.0, "gradual_unfreezing": False, "adapters": 0, "layer_groups": 4}
+        "schedule": "linear",
+        "discriminative_lr": 0.0,
+        "gradual_unfreezing": False,
+        "adapters": 0,
+        "layer_groups": 4,
+    }
 
 
 @pytest.mark.slow
@@ -256,8 +311,23 @@ def test_gpt2_fine_tuned_on_docstrings_beats_the_majority_baseline(shards_dir, t
 
     ckpt = _pretrain("gpt2", shards_dir, tmp_path / "pre", 60)
     (tmp_path / "task.jsonl").write_text("".join(json.dumps(r) + "\n" for r in docstring_task()))
-    result = _result(run_glm(["finetune", "--checkpoint", ckpt, "--train", str(tmp_path / "task.jsonl"),
-                              "--epochs", "8", "--lr", "3e-3", "--out", str(tmp_path / "ft")]))
+    result = _result(
+        run_glm(
+            [
+                "finetune",
+                "--checkpoint",
+                ckpt,
+                "--train",
+                str(tmp_path / "task.jsonl"),
+                "--epochs",
+                "8",
+                "--lr",
+                "3e-3",
+                "--out",
+                str(tmp_path / "ft"),
+            ]
+        )
+    )
     assert result["labels"] == ["calendar", "math", "shutil", "tarfile", "urllib.parse"]
     assert result["settings"]["lm_weight"] == 0.5  # GPT's auxiliary LM loss is on by default
     assert result["valid_accuracy"] >= result["majority_baseline"] + 0.1, result  # measured 0.77 vs 0.48

@@ -4,6 +4,7 @@ layer group, which parameters train in each epoch of gradual unfreezing, adapter
 identity and are (with the norms and the head) all that learns; the recipes that carry the options;
 and the three ULMFiT stages on one checkpoint lineage (glm train, glm train with train.init_from,
 glm finetune --recipe ulmfit) and a GPT fine-tuned with every trick through glm finetune."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,9 @@ def test_slanted_triangular_rates_follow_the_papers_formula():
     curve = [slanted_triangular(t, T, peak=peak) for t in range(T)]
     assert curve.index(max(curve)) == cut and max(curve) == pytest.approx(peak)
     assert curve[0] == pytest.approx(peak / 32) and curve[-1] == pytest.approx(peak / 32 * (1 + 31 / 900))
-    assert (all(a < b for a, b in zip(curve[:cut], curve[1:cut + 1]))
-            and all(a > b for a, b in zip(curve[cut:], curve[cut + 1:])))
+    assert all(a < b for a, b in zip(curve[:cut], curve[1 : cut + 1])) and all(
+        a > b for a, b in zip(curve[cut:], curve[cut + 1 :])
+    )
     train = load_config(None, ["train.schedule=stlr", "train.lr=0.01", "train.max_steps=1000"]).train
     assert [lr_at(t, train) for t in range(T)] == curve  # glm train's stage-2 schedule is the same function
     assert _tricks(schedule="stlr").lr(100, T, peak) == pytest.approx(peak)
@@ -75,11 +77,20 @@ def test_discriminative_rates_divide_by_2_6_per_layer_group_on_awd_lstm():
     model, lm = _awd()
     groups = _tricks(discriminative_lr=2.6).prepare(model, lm, model.head, weight_decay=0.01)
     rates = _rates(groups, 0.01)
-    expected = {"embedding": 0.01 / 2.6 ** 4, "lstm 1": 0.01 / 2.6 ** 3, "lstm 2": 0.01 / 2.6 ** 2,
-                "lstm 3": 0.01 / 2.6, "head": 0.01}
-    parts = {"embedding": [lm.embed.weight], "lstm 1": list(lm.rnns[0].parameters()),
-             "lstm 2": list(lm.rnns[1].parameters()), "lstm 3": [*lm.rnns[2].parameters(), lm.out_bias],
-             "head": list(model.head.parameters())}
+    expected = {
+        "embedding": 0.01 / 2.6**4,
+        "lstm 1": 0.01 / 2.6**3,
+        "lstm 2": 0.01 / 2.6**2,
+        "lstm 3": 0.01 / 2.6,
+        "head": 0.01,
+    }
+    parts = {
+        "embedding": [lm.embed.weight],
+        "lstm 1": list(lm.rnns[0].parameters()),
+        "lstm 2": list(lm.rnns[1].parameters()),
+        "lstm 3": [*lm.rnns[2].parameters(), lm.out_bias],
+        "head": list(model.head.parameters()),
+    }
     for name, params in parts.items():
         assert all(rates[id(p)] == pytest.approx(expected[name]) for p in params), name
     assert len(rates) == sum(1 for _ in model.parameters())  # every parameter has exactly one rate
@@ -92,7 +103,7 @@ def test_discriminative_rates_on_a_transformer_put_the_final_norm_with_the_top_b
     groups = _tricks(discriminative_lr=2.6).prepare(model, lm, model.classifier, weight_decay=0.01)
     rates = _rates(groups, 1e-3)
     # groups: embedding (tied with the output layer), blocks 0 and 1, block 2 + final norm, the classifier
-    assert rates[id(lm.embed.wte.weight)] == pytest.approx(1e-3 / 2.6 ** 4) == rates[id(lm.embed.wpe.weight)]
+    assert rates[id(lm.embed.wte.weight)] == pytest.approx(1e-3 / 2.6**4) == rates[id(lm.embed.wpe.weight)]
     for i, block in enumerate(lm.blocks):
         assert all(rates[id(p)] == pytest.approx(1e-3 / 2.6 ** (3 - i)) for p in block.parameters()), i
     assert rates[id(lm.head.ln_f.weight)] == pytest.approx(1e-3 / 2.6)
@@ -120,13 +131,14 @@ def test_gradual_unfreezing_trains_one_more_group_from_the_top_each_epoch(kind):
         ids, lengths = pad([[5, 6, 7, 8], [9, 10]], 0)
         forward = lambda: model.loss(model(ids, lengths), torch.tensor([1, 2]))  # noqa: E731
     else:
-        batch = pack([classification([5, 6, 7], SpecialTokens.after(100), 16),
-                      classification([8], SpecialTokens.after(100), 16)])
+        batch = pack(
+            [classification([5, 6, 7], SpecialTokens.after(100), 16), classification([8], SpecialTokens.after(100), 16)]
+        )
         forward = lambda: model.loss(model(**batch), torch.tensor([1, 2]), 0.5)  # noqa: E731
     for epoch in range(6):
         tricks.start_epoch(epoch)
         top = min(epoch + 1, len(groups))
-        expect = {id(p) for g in groups[len(groups) - top:] for p in g}
+        expect = {id(p) for g in groups[len(groups) - top :] for p in g}
         assert {id(p) for p in model.parameters() if p.requires_grad} == expect, epoch
         unused = {id(lm.out_bias)} if kind == "awd-lstm" else set()  # the LM's output bias: no classifier reads it
         assert _with_grad(model, forward()) == expect - unused, epoch  # the frozen groups get no gradient
@@ -167,15 +179,17 @@ def test_adapters_start_near_the_identity_and_only_they_the_norms_and_the_head_l
     expect = {id(p) for a in adapters for p in a.parameters()} | norms | {id(p) for p in head.parameters()}
     assert learned == expect
     named = dict(lm.named_parameters())
-    assert all(not named[n].requires_grad for n in named
-               if n.endswith("attn.proj.weight") or n.endswith("attn.dense.weight"))
+    assert all(
+        not named[n].requires_grad for n in named if n.endswith("attn.proj.weight") or n.endswith("attn.dense.weight")
+    )
 
 
 def test_adapters_are_refused_where_there_are_no_transformer_blocks():
     model, lm = _awd()
     with pytest.raises(TrickError, match="adapters sit in transformer blocks"):
-        _tricks(adapters=8).prepare(model, lm, model.head, adapter_sites=family("awd-lstm").adapter_sites,
-                                    weight_decay=0.01)
+        _tricks(adapters=8).prepare(
+            model, lm, model.head, adapter_sites=family("awd-lstm").adapter_sites, weight_decay=0.01
+        )
     with pytest.raises(TrickError, match="--discriminative-lr 0.5"):
         _tricks(discriminative_lr=0.5)
 
@@ -185,13 +199,19 @@ def test_the_ulmfit_recipe_carries_the_papers_options():
 
     args = finetune_args({"checkpoint": "c", "train": "t", "recipe": "ulmfit", "gradual_unfreezing": None})
     assert (args.lr, args.batch_size, args.schedule, args.discriminative_lr, args.gradual_unfreezing, args.bptt) == (
-        0.01, 64, "stlr", 2.6, True, 70)
+        0.01,
+        64,
+        "stlr",
+        2.6,
+        True,
+        70,
+    )
     assert load_recipe(str(ROOT / "configs/experiments/ulmfit-classifier-tiny-cpu.yaml"))["gradual_unfreezing"] is True
 
 
 # -- the three stages and glm finetune's options end to end ---------------------------------------------
 def _result(proc) -> dict:
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
 def _docstring_rows(tmp_path) -> tuple[str, str]:
@@ -207,42 +227,99 @@ def _docstring_rows(tmp_path) -> tuple[str, str]:
 
 @pytest.mark.slow
 def test_ulmfit_stages_share_one_lineage_general_lm_target_lm_classifier(shards, tmp_path):
-    quick = ["logging.wandb=false", "logging.progress=false", "train.plot=false", "train.eval_interval=0",
-             "train.save_interval=0", "train.eval_batches=4", "model.vocab_size=3000", "data.seq_len=32",
-             "train.micro_batch_size=8"]
+    quick = [
+        "logging.wandb=false",
+        "logging.progress=false",
+        "train.plot=false",
+        "train.eval_interval=0",
+        "train.save_interval=0",
+        "train.eval_batches=4",
+        "model.vocab_size=3000",
+        "data.seq_len=32",
+        "train.micro_batch_size=8",
+    ]
     general = tmp_path / "general"
-    s1 = _result(run_glm(["train", "-c", str(ROOT / "configs/experiments/awd-lstm-tiny-cpu.yaml"), *quick,
-             f"data.shards_dir={shards('word')}", f"train.out_dir={general}", "train.max_steps=40",
-             "train.warmup_steps=4"]))
+    s1 = _result(
+        run_glm(
+            [
+                "train",
+                "-c",
+                str(ROOT / "configs/experiments/awd-lstm-tiny-cpu.yaml"),
+                *quick,
+                f"data.shards_dir={shards('word')}",
+                f"train.out_dir={general}",
+                "train.max_steps=40",
+                "train.warmup_steps=4",
+            ]
+        )
+    )
     stage1 = general / "checkpoints/step_00000040"
     task, text = _docstring_rows(tmp_path)
     target = tmp_path / "target"
-    proc = run_glm(["train", "-c", str(ROOT / "configs/experiments/ulmfit-target-lm-tiny-cpu.yaml"), *quick,
-                    f"data.source={text}", f"data.tokenizer={stage1}/tokenizer.json", f"data.shards_dir={tmp_path}/ts",
-                    "data.val_per_mille=100", f"train.out_dir={target}", f"train.init_from={stage1}",
-                    "train.max_steps=10"])
+    proc = run_glm(
+        [
+            "train",
+            "-c",
+            str(ROOT / "configs/experiments/ulmfit-target-lm-tiny-cpu.yaml"),
+            *quick,
+            f"data.source={text}",
+            f"data.tokenizer={stage1}/tokenizer.json",
+            f"data.shards_dir={tmp_path}/ts",
+            "data.val_per_mille=100",
+            f"train.out_dir={target}",
+            f"train.init_from={stage1}",
+            "train.max_steps=10",
+        ]
+    )
     s = _result(proc)
-    print(f"stage 2 from stage 1's weights: validation loss {s['val_loss_before']:.3f} -> {s['val_loss']:.3f}; "
-          f"stage 1 untrained {s1['val_loss_before']:.3f}")
+    print(
+        f"stage 2 from stage 1's weights: validation loss {s['val_loss_before']:.3f} -> {s['val_loss']:.3f}; "
+        f"stage 1 untrained {s1['val_loss_before']:.3f}"
+    )
     # stage 2 starts from stage 1's LM (measured 7.31 against 8.0 untrained) and a new schedule from step 0
     assert s["val_loss_before"] < s1["val_loss_before"] - 0.4 and s["step"] == 10
     meta = json.loads((target / "checkpoints/step_00000010/meta.json").read_text())
     assert meta["config"]["train"]["init_from"] == str(stage1)  # the lineage is recorded
     out = tmp_path / "classifier"
-    result = _result(run_glm(["finetune", "--recipe", str(ROOT / "configs/experiments/ulmfit-classifier-tiny-cpu.yaml"),
-                              "--checkpoint", str(target / "checkpoints/step_00000010"), "--train", task,
-                              "--batch-size", "16", "--out", str(out)]))
+    result = _result(
+        run_glm(
+            [
+                "finetune",
+                "--recipe",
+                str(ROOT / "configs/experiments/ulmfit-classifier-tiny-cpu.yaml"),
+                "--checkpoint",
+                str(target / "checkpoints/step_00000010"),
+                "--train",
+                task,
+                "--batch-size",
+                "16",
+                "--out",
+                str(out),
+            ]
+        )
+    )
     print("ULMFiT classifier on the docstring task:", result["history"], "majority", result["majority_baseline"])
     assert result["settings"] | {"batch_size": 16} == {
-        "lr": 0.01, "batch_size": 16, "epochs": 5, "bptt": 70, "max_len": 1400, "schedule": "stlr",
-        "discriminative_lr": 2.6, "gradual_unfreezing": True, "adapters": 0, "layer_groups": 5, "drop_mult": 0.2}
+        "lr": 0.01,
+        "batch_size": 16,
+        "epochs": 5,
+        "bptt": 70,
+        "max_len": 1400,
+        "schedule": "stlr",
+        "discriminative_lr": 2.6,
+        "gradual_unfreezing": True,
+        "adapters": 0,
+        "layer_groups": 5,
+        "drop_mult": 0.2,
+    }
     # it trains (the loss measured 2.02 -> 1.38 and 2.10 -> 1.56), but five epochs of gradual unfreezing over a
     # 40-step LM stay near the majority class (0.48-0.50 measured); bench/ulmfit_ablation.py measures learning
     history = result["history"]
     # near it, not on it: the 56 held-out examples move 0.018 each (0.429 in one CI run, when the split
     # still hashed the corpus's tmp path and so changed the 40-step LM from run to run)
-    assert (history[-1]["loss"] < history[0]["loss"] - 0.3
-            and result["valid_accuracy"] >= result["majority_baseline"] - 0.1)
+    assert (
+        history[-1]["loss"] < history[0]["loss"] - 0.3 and result["valid_accuracy"] >= result["majority_baseline"] - 0.1
+    )
     assert (out / "model.safetensors").exists()
 
 
@@ -251,16 +328,48 @@ def test_a_gpt_fine_tuned_with_adapters_keeps_its_pretrained_weights(shards_dir,
     from glm_dist.eval.run import load_checkpoint_model
     from tests.conftest import FAST
 
-    run_glm(["train", "-c", str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"), *FAST,
-             f"data.shards_dir={shards_dir}", "data.vocab_size=2048", "model.vocab_size=2048", "train.max_steps=10",
-             f"train.out_dir={tmp_path / 'pre'}"])
+    run_glm(
+        [
+            "train",
+            "-c",
+            str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml"),
+            *FAST,
+            f"data.shards_dir={shards_dir}",
+            "data.vocab_size=2048",
+            "model.vocab_size=2048",
+            "train.max_steps=10",
+            f"train.out_dir={tmp_path / 'pre'}",
+        ]
+    )
     ckpt = str(tmp_path / "pre/checkpoints/step_00000010")
     task, _ = _docstring_rows(tmp_path)
-    result = _result(run_glm(["finetune", "--checkpoint", ckpt, "--train", task, "--epochs", "2", "--lr", "3e-3",
-                              "--adapters", "8", "--schedule", "stlr", "--discriminative-lr", "2.6",
-                              "--gradual-unfreezing", "--out", str(tmp_path / "ft")]))
-    assert (result["settings"]["adapters"] == 8
-            and result["settings"]["layer_groups"] == 4)  # embed, block, block + head, W_y
+    result = _result(
+        run_glm(
+            [
+                "finetune",
+                "--checkpoint",
+                ckpt,
+                "--train",
+                task,
+                "--epochs",
+                "2",
+                "--lr",
+                "3e-3",
+                "--adapters",
+                "8",
+                "--schedule",
+                "stlr",
+                "--discriminative-lr",
+                "2.6",
+                "--gradual-unfreezing",
+                "--out",
+                str(tmp_path / "ft"),
+            ]
+        )
+    )
+    assert (
+        result["settings"]["adapters"] == 8 and result["settings"]["layer_groups"] == 4
+    )  # embed, block, block + head, W_y
     from safetensors.torch import load_file
 
     tuned = load_file(tmp_path / "ft/model.safetensors")

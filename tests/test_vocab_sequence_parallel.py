@@ -1,6 +1,7 @@
 """Vocabulary-parallel embedding and loss, the per-tensor-rank dropout streams and sequence
 parallelism, each against one process, on 2 gloo ranks (one torchrun for all of them: the
 ``report`` fixture) on real batches of the embedded corpus."""
+
 from __future__ import annotations
 
 import json
@@ -227,9 +228,26 @@ def report(shards_dir, shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab-seq")
     script = out / "script.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), shards_dir, shards("roberta"), TINY, ROBERTA, str(out)],
-                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            shards_dir,
+            shards("roberta"),
+            TINY,
+            ROBERTA,
+            str(out),
+        ],
+        cwd=ROOT,
+        env=clean_env(1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -290,15 +308,30 @@ def test_sequence_parallel_cuts_saved_activations_by_the_tensor_size_as_glm_plan
     assert all(lay.sequence_parallel == (lay.tp == 2) for lay in layouts)
 
 
-@pytest.mark.parametrize("config, world, overrides, message", [
-    (TINY, 2, ["parallel.sequence_parallel=true"], "splits the sequence inside a tensor-parallel group"),
-    ("electra-tiny-cpu.yaml", 2, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"],
-     "cuts the gpt, bert, roberta, albert families, not electra"),
-    (TINY, 4, ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "parallel.pipeline_stages=2"],
-     "runs without pipeline stages"),
-    (TINY, 4, ["parallel.tensor_parallel=4", "parallel.sequence_parallel=true", "data.seq_len=66"],
-     "cuts data.seq_len=66 into parallel.tensor_parallel=4 equal pieces"),
-])
+@pytest.mark.parametrize(
+    "config, world, overrides, message",
+    [
+        (TINY, 2, ["parallel.sequence_parallel=true"], "splits the sequence inside a tensor-parallel group"),
+        (
+            "electra-tiny-cpu.yaml",
+            2,
+            ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true"],
+            "cuts the gpt, bert, roberta, albert families, not electra",
+        ),
+        (
+            TINY,
+            4,
+            ["parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "parallel.pipeline_stages=2"],
+            "runs without pipeline stages",
+        ),
+        (
+            TINY,
+            4,
+            ["parallel.tensor_parallel=4", "parallel.sequence_parallel=true", "data.seq_len=66"],
+            "cuts data.seq_len=66 into parallel.tensor_parallel=4 equal pieces",
+        ),
+    ],
+)
 def test_sequence_parallel_is_refused_where_it_cannot_run(config, world, overrides, message):
     from glm_dist.config.checks import validate
     from glm_dist.config.loader import ConfigError, load_config

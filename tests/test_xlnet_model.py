@@ -1,5 +1,6 @@
 """XLNet: published sizes, two-stream attention, memory and padding, and parity with transformers'
 XLNetLMHeadModel in both directions (identical weights, fp32 logits within 1e-4)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -135,9 +136,9 @@ def test_padding_never_changes_a_real_sequence():
     alone = []
     for b, row in enumerate(rows):
         n = len(row)
-        x[b, T - n:], mask[b, T - n:] = row, 1
+        x[b, T - n :], mask[b, T - n :] = row, 1
         plm = plm_batch(row[None], seed=b)
-        perm[b, T - n:, T - n:] = plm["perm_mask"][0]
+        perm[b, T - n :, T - n :] = plm["perm_mask"][0]
         with torch.no_grad():
             every = {"perm_mask": plm["perm_mask"], "target_mapping": torch.eye(n)[None]}  # query at every position
             alone.append((model(row[None])["logits"][0], model(row[None], **every)["logits"][0]))
@@ -146,9 +147,9 @@ def test_padding_never_changes_a_real_sequence():
         query = model(x, attention_mask=mask, perm_mask=perm, target_mapping=target)["logits"]
         unmasked = model(x)["logits"]
     for b, (n, (c, q)) in enumerate(zip(lengths, alone)):
-        assert (content[b, T - n:] - c).abs().max().item() <= TOL
-        assert (query[b, T - n:] - q).abs().max().item() <= TOL
-    assert (unmasked[2, T - 6:] - alone[2][0]).abs().max().item() > 1e-2  # without the mask, padding leaks in
+        assert (content[b, T - n :] - c).abs().max().item() <= TOL
+        assert (query[b, T - n :] - q).abs().max().item() <= TOL
+    assert (unmasked[2, T - 6 :] - alone[2][0]).abs().max().item() > 1e-2  # without the mask, padding leaks in
 
 
 def factorisation_mask(targets: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -182,7 +183,7 @@ def test_query_stream_predicts_a_token_without_seeing_it():
         # ... while the content stream reads it
         assert (shown[t]["hidden_states"][0, t] - own["hidden_states"][0, t]).abs().max() > 1e-2
     torch.testing.assert_close(base["logits"][0, ~targets], own["logits"][0, ~targets])  # context never sees a target
-    first, last = sorted(shown, key=lambda t: order[t])[::len(shown) - 1]
+    first, last = sorted(shown, key=lambda t: order[t])[:: len(shown) - 1]
     # a later target in the order reads an earlier one
     assert (shown[first]["logits"][0, last] - own["logits"][0, last]).abs().max() > 1e-2
 

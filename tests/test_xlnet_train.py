@@ -2,6 +2,7 @@
 ZeRO-2 on two processes equal to one, Transformer-XL memory over streams resumed exactly (also at
 another data-parallel size), glm eval, export to transformers, fine-tuning from the last position,
 and the layouts it refuses."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,20 @@ from tests.conftest import ROOT, run_glm, train_losses
 
 pytestmark = pytest.mark.slow
 XLNET = str(ROOT / "configs/experiments/xlnet-tiny-cpu.yaml")
-QUICK = ["train.eval_interval=0", "train.eval_batches=4", "train.micro_batch_size=8", "data.seq_len=64",
-         "logging.wandb=false", "logging.progress=false", "train.plot=false", "train.precision=fp32",
-         "parallel.zero_stage=0", "data.vocab_size=2048", "model.vocab_size=2048", "train.warmup_steps=4"]
+QUICK = [
+    "train.eval_interval=0",
+    "train.eval_batches=4",
+    "train.micro_batch_size=8",
+    "data.seq_len=64",
+    "logging.wandb=false",
+    "logging.progress=false",
+    "train.plot=false",
+    "train.precision=fp32",
+    "parallel.zero_stage=0",
+    "data.vocab_size=2048",
+    "model.vocab_size=2048",
+    "train.warmup_steps=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +38,20 @@ def xlnet_shards(corpus, tmp_path_factory):
 
 
 def args(corpus: str, shards: str, out, *extra: str) -> list[str]:
-    return ["train", "-c", XLNET, *QUICK, f"data.source={corpus}", f"data.shards_dir={shards}",
-            f"train.out_dir={out}", *extra]
+    return [
+        "train",
+        "-c",
+        XLNET,
+        *QUICK,
+        f"data.source={corpus}",
+        f"data.shards_dir={shards}",
+        f"train.out_dir={out}",
+        *extra,
+    ]
 
 
 def summary(proc) -> dict:
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
 WHOLE_SPLIT = 64  # validation batches of 16: more than the split holds (23 at seq 64), so all of it
@@ -47,8 +67,9 @@ def unigram_baselines(shards: str) -> tuple[float, float]:
     for _ in range(20):
         targets = loader.next_step()[0]["target_labels"]
         train.update(targets[targets != -100].tolist())
-    for batch, _ in validation_batches(shards, seq_len=64, micro_batch_size=16, num_batches=WHOLE_SPLIT,
-                                       objective="plm"):
+    for batch, _ in validation_batches(
+        shards, seq_len=64, micro_batch_size=16, num_batches=WHOLE_SPLIT, objective="plm"
+    ):
         targets = batch["target_labels"]
         val.update(targets[targets != -100].tolist())
     n_train, n_val = sum(train.values()), sum(val.values())
@@ -63,17 +84,39 @@ def pretrained(corpus, xlnet_shards, tmp_path_factory):
     # 1000 steps at lr 1e-3: over seeds 11, 12 and 14 the whole split's accuracy was 0.576-0.580 against
     # the unigram guess's 0.515. 500 steps at lr 3e-3 (before) ranged 0.523-0.565 over seeds 1-3 (a
     # plateau some runs had not left yet), and CI's CPU once ended 0.009 above the guess.
-    proc = run_glm(args(corpus, xlnet_shards, out, "train.max_steps=1000", "train.lr=1e-3", "train.micro_batch_size=16",
-                        "train.eval_batches=8", "train.precision=fp32", "train.warmup_steps=20"))
+    proc = run_glm(
+        args(
+            corpus,
+            xlnet_shards,
+            out,
+            "train.max_steps=1000",
+            "train.lr=1e-3",
+            "train.micro_batch_size=16",
+            "train.eval_batches=8",
+            "train.precision=fp32",
+            "train.warmup_steps=20",
+        )
+    )
     # fp32 on every CPU: under bf16 (auto on an AVX512-BF16 CPU) the same 500 steps left a model
     # whose fine-tuned train accuracy was 0.549, below the bar of the export test (0.632)
     return out, summary(proc)
 
 
 def evaluate(ckpt, shards: str, batches: int) -> dict:
-    ev = run_glm(["eval", "-c", XLNET, *QUICK, "train.micro_batch_size=16", f"train.eval_batches={batches}",
-                  f"data.shards_dir={shards}", "--checkpoint", str(ckpt)])
-    return json.loads(ev.stdout[ev.stdout.index("{"):])
+    ev = run_glm(
+        [
+            "eval",
+            "-c",
+            XLNET,
+            *QUICK,
+            "train.micro_batch_size=16",
+            f"train.eval_batches={batches}",
+            f"data.shards_dir={shards}",
+            "--checkpoint",
+            str(ckpt),
+        ]
+    )
+    return json.loads(ev.stdout[ev.stdout.index("{") :])
 
 
 def test_tiny_xlnet_pretraining_beats_the_unigram_baseline_and_evaluates(pretrained, corpus, xlnet_shards):
@@ -108,9 +151,20 @@ def test_xlnet_exports_to_transformers_and_fine_tunes_from_the_last_position(pre
     assert (theirs[real] - mine[real]).abs().max().item() < 1e-4
 
     run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
-    ft = run_glm(["finetune", "--checkpoint", str(ckpt), "--train", str(tmp_path / "task.jsonl"), "--epochs", "16",
-                  "--lr", "1e-3"])
-    result = json.loads(ft.stdout[ft.stdout.index("{"):])
+    ft = run_glm(
+        [
+            "finetune",
+            "--checkpoint",
+            str(ckpt),
+            "--train",
+            str(tmp_path / "task.jsonl"),
+            "--epochs",
+            "16",
+            "--lr",
+            "1e-3",
+        ]
+    )
+    result = json.loads(ft.stdout[ft.stdout.index("{") :])
     # It learns the task. 16 epochs: with 8 (the learning rate decays over them) the training accuracy
     # ranged 0.58-0.80 over the pretraining splits seen (when the split hashed the corpus's tmp path, so
     # each run had another 500-step model), under the bar (0.632) in three runs; on one such model
@@ -125,18 +179,48 @@ def test_memory_streams_resume_exactly_and_zero2_on_two_ranks_matches_one(corpus
     one = tmp_path / "one"
     run_glm(args(corpus, xlnet_shards, one, *mem, "train.grad_accum_steps=2", "train.micro_batch_size=4"))
     split = tmp_path / "split"  # two ranks, stopped at step 3, resumed on one process
-    run_glm(args(corpus, xlnet_shards, split, *mem, "train.micro_batch_size=4", "parallel.zero_stage=2",
-                 "train.stop_at_step=3"), nproc=2)
-    assert sorted(p.name for p in (split / "checkpoints/step_00000003/stream_memory").iterdir()) == \
-        ["rank00000.safetensors", "rank00001.safetensors"]
+    run_glm(
+        args(
+            corpus,
+            xlnet_shards,
+            split,
+            *mem,
+            "train.micro_batch_size=4",
+            "parallel.zero_stage=2",
+            "train.stop_at_step=3",
+        ),
+        nproc=2,
+    )
+    assert sorted(p.name for p in (split / "checkpoints/step_00000003/stream_memory").iterdir()) == [
+        "rank00000.safetensors",
+        "rank00001.safetensors",
+    ]
     # resumed at another layout and ZeRO stage: one process, ZeRO-3
-    run_glm(args(corpus, xlnet_shards, split, *mem, "train.grad_accum_steps=2", "train.micro_batch_size=4",
-                 "parallel.zero_stage=3"))
+    run_glm(
+        args(
+            corpus,
+            xlnet_shards,
+            split,
+            *mem,
+            "train.grad_accum_steps=2",
+            "train.micro_batch_size=4",
+            "parallel.zero_stage=3",
+        )
+    )
     reference, resumed = train_losses(one), train_losses(split)
     assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(reference, resumed)) < 1e-4, (reference, resumed)
     shorter = tmp_path / "shorter"  # the same streams with a shorter memory: the same first step only
-    run_glm(args(corpus, xlnet_shards, shorter, *mem[:-1], "model.mem_len=4", "train.grad_accum_steps=2",
-                 "train.micro_batch_size=4"))
+    run_glm(
+        args(
+            corpus,
+            xlnet_shards,
+            shorter,
+            *mem[:-1],
+            "model.mem_len=4",
+            "train.grad_accum_steps=2",
+            "train.micro_batch_size=4",
+        )
+    )
     other = train_losses(shorter)
     # memory is used: the first step (empty memory) agrees, the later ones do not. In CI one step's
     # difference was 7.2e-5 (step 3, oneDNN capped at AVX2), so the largest over steps 2-6 is asserted.
@@ -144,10 +228,13 @@ def test_memory_streams_resume_exactly_and_zero2_on_two_ranks_matches_one(corpus
     assert max(abs(a - b) for a, b in zip(other[1:], reference[1:])) > 1e-4, (other, reference)
 
 
-@pytest.mark.parametrize("layout, message", [
-    (["parallel.pipeline_stages=2"], "not xlnet (plm)"),
-    (["parallel.tensor_parallel=2"], "families, not xlnet"),
-])
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        (["parallel.pipeline_stages=2"], "not xlnet (plm)"),
+        (["parallel.tensor_parallel=2"], "families, not xlnet"),
+    ],
+)
 def test_layouts_xlnet_does_not_split_are_refused_naming_it(layout, message, tmp_path):
     proc = run_glm(["config", "show", "-c", XLNET, "--world-size", "2", *layout], check=False)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -193,8 +280,15 @@ def test_paper_layout_segments_continue_their_stream_and_hide_the_rest_from_the_
 
 
 def test_paper_layout_with_bi_data_resumes_exactly(corpus, xlnet_shards, tmp_path):
-    paper = ["train.max_steps=5", "data.seq_len=32", "model.mem_len=16", "model.reuse_len=16",
-             "objective.plm_layout=paper", "model.bi_data=true", "train.micro_batch_size=4"]
+    paper = [
+        "train.max_steps=5",
+        "data.seq_len=32",
+        "model.mem_len=16",
+        "model.reuse_len=16",
+        "objective.plm_layout=paper",
+        "model.bi_data=true",
+        "train.micro_batch_size=4",
+    ]
     run_glm(args(corpus, xlnet_shards, tmp_path / "one", *paper))
     run_glm(args(corpus, xlnet_shards, tmp_path / "two", *paper, "train.stop_at_step=2"))
     run_glm(args(corpus, xlnet_shards, tmp_path / "two", *paper))

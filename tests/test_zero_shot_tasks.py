@@ -1,6 +1,7 @@
 """GPT-2-style zero-shot tasks built offline (data_pipeline/tasks: summarize, translate,
 wordnet_qa) and the answer metrics; their YAMLs, variants and scores through lm-eval are tested
 in tests/test_harness.py (which builds the task folder once)."""
+
 from __future__ import annotations
 
 import re

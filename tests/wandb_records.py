@@ -4,6 +4,7 @@ The file is W&B's append-only log: a 7-byte header (":W&B", magic, version), the
 records, each with a 7-byte header (crc32, length, type: full / first / middle / last); the
 payloads are ``wandb_internal_pb2.Record`` protobufs.
 """
+
 from __future__ import annotations
 
 import struct
@@ -22,9 +23,9 @@ def _payloads(data: bytes) -> Iterator[bytes]:
         if BLOCK - pos % BLOCK < 7:  # block trailer padding
             pos += BLOCK - pos % BLOCK
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         pos += 7
-        chunk, pos = data[pos:pos + length], pos + length
+        chunk, pos = data[pos : pos + length], pos + length
         if kind == FULL:
             yield chunk
         elif kind == FIRST:
@@ -49,8 +50,9 @@ def read_run(path: str | Path) -> dict:
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            out["history"].append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                   for item in record.history.item})
+            out["history"].append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
         elif kind == "run":
             out["config"].update({item.key: json.loads(item.value_json) for item in record.run.config.update})
         elif kind == "config":

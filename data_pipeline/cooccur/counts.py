@@ -18,6 +18,7 @@ into place, a rerun skips finished tasks), so it scales like the rest of the dat
 - merge: ``manifest.json``. GloVe fits the counts it trains on, so the ``validation`` split is a
   fixed sample of them (the first shard of each block), the objective's value on known counts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,11 +107,14 @@ def token_manifest(spec: CooccurSpec) -> dict:
     try:
         manifest = _read_json(url)
     except FileNotFoundError:
-        raise PipelineError(f"{url} not found: tokenize the corpus with the word profile first "
-                            f"(glm data cooccur does both)") from None
+        raise PipelineError(
+            f"{url} not found: tokenize the corpus with the word profile first (glm data cooccur does both)"
+        ) from None
     if manifest.get("tokenizer", {}).get("kind") != "wordlevel":
-        raise PipelineError(f"{url}: co-occurrence counts need a word-level token set (data.tokenizer_profile=word), "
-                            f"not {manifest.get('tokenizer', {}).get('kind')!r}")
+        raise PipelineError(
+            f"{url}: co-occurrence counts need a word-level token set (data.tokenizer_profile=word), "
+            f"not {manifest.get('tokenizer', {}).get('kind')!r}"
+        )
     return manifest
 
 
@@ -196,7 +200,7 @@ def reduce_task(spec: CooccurSpec, block: int) -> dict:
     triples["word"], triples["context"], triples["count"] = keys[order] // vocab, keys[order] % vocab, counts[order]
     writer = ShardSetWriter(spec.out_dir, "train", spec.shard_max_bytes, prefix=f"train-b{block:03d}")
     for n, start in enumerate(range(0, len(triples), spec.block_triples)):
-        writer.write(f"b{block:03d}-{n:08d}", triples[start:start + spec.block_triples], {"n_bytes": 0})
+        writer.write(f"b{block:03d}-{n:08d}", triples[start : start + spec.block_triples], {"n_bytes": 0})
     result = {"block": block, "triples": int(len(triples)), "shards": [vars(s) for s in writer.close()]}
     _write_bytes(marker, json.dumps(result).encode())
     return result
@@ -211,14 +215,26 @@ def merge(spec: CooccurSpec) -> dict:
     manifest = {
         "format": FORMAT,
         "tokenizer": tokenizer,
-        "splits": {"train": [s for r in reduces for s in r["shards"]],
-                   "validation": [r["shards"][0] for r in reduces if r["shards"]]},
-        "cooccurrence": {"window": spec.window, "weighting": "1/d", "symmetric": True, "blocks": spec.blocks,
-                         "block_triples": spec.block_triples, "triples": sum(r["triples"] for r in reduces),
-                         "tokens_counted": sum(m["tokens"] for m in maps),
-                         "documents": sum(m["documents"] for m in maps), "validation": "a fixed sample of train"},
-        "source": {**tokens.get("source", {}), "token_set": TOKENS,
-                   "token_manifest_sha256": hashlib.sha256(json.dumps(tokens, sort_keys=True).encode()).hexdigest()},
+        "splits": {
+            "train": [s for r in reduces for s in r["shards"]],
+            "validation": [r["shards"][0] for r in reduces if r["shards"]],
+        },
+        "cooccurrence": {
+            "window": spec.window,
+            "weighting": "1/d",
+            "symmetric": True,
+            "blocks": spec.blocks,
+            "block_triples": spec.block_triples,
+            "triples": sum(r["triples"] for r in reduces),
+            "tokens_counted": sum(m["tokens"] for m in maps),
+            "documents": sum(m["documents"] for m in maps),
+            "validation": "a fixed sample of train",
+        },
+        "source": {
+            **tokens.get("source", {}),
+            "token_set": TOKENS,
+            "token_manifest_sha256": hashlib.sha256(json.dumps(tokens, sort_keys=True).encode()).hexdigest(),
+        },
     }
     write_manifest(spec.out_dir, manifest)
     return manifest
@@ -234,8 +250,9 @@ def _run(fn: Callable[[CooccurSpec, int], dict], spec: CooccurSpec, tasks: list[
             fn(spec, t)
 
 
-def prepare_cooccurrence(spec: CooccurSpec, tokenize: dict, *, workers: int = 0, stage: str | None = None,
-                         task: int | None = None) -> dict | None:
+def prepare_cooccurrence(
+    spec: CooccurSpec, tokenize: dict, *, workers: int = 0, stage: str | None = None, task: int | None = None
+) -> dict | None:
     """Tokenize the corpus into ``<out_dir>/tokens`` (``tokenize``: ``prepare_shards``' arguments but
     ``out_dir``), then :func:`build_counts`."""
     from data_pipeline.tokenize.prepare import prepare_shards
@@ -245,17 +262,20 @@ def prepare_cooccurrence(spec: CooccurSpec, tokenize: dict, *, workers: int = 0,
     return build_counts(spec, workers=workers, stage=stage, task=task)
 
 
-def build_counts(spec: CooccurSpec, *, workers: int = 0, stage: str | None = None,
-                 task: int | None = None) -> dict | None:
+def build_counts(
+    spec: CooccurSpec, *, workers: int = 0, stage: str | None = None, task: int | None = None
+) -> dict | None:
     """The count set over ``<out_dir>/tokens`` (all stages), or one ``stage`` (``map`` | ``reduce``),
     or one ``task`` of it (SLURM arrays). Returns the manifest when complete."""
     fs, root = fsspec.core.url_to_fs(spec.out_dir)
     if fs.exists(f"{root}/manifest.json"):
         manifest = _read_json(f"{spec.out_dir}/manifest.json")
         if manifest.get("format") != FORMAT:
-            raise PipelineError(f"{spec.out_dir} holds a {manifest.get('format')!r} shard set, not co-occurrence "
-                                f"counts: point data.shards_dir at an empty directory (the count set keeps "
-                                f"its token shards in {TOKENS}/)")
+            raise PipelineError(
+                f"{spec.out_dir} holds a {manifest.get('format')!r} shard set, not co-occurrence "
+                f"counts: point data.shards_dir at an empty directory (the count set keeps "
+                f"its token shards in {TOKENS}/)"
+            )
         return manifest
     stages = {"map": (map_task, len(token_manifest(spec)["splits"]["train"])), "reduce": (reduce_task, spec.blocks)}
     if stage is not None and stage not in stages:

@@ -4,6 +4,7 @@ The format of the published glove.*.txt files, which CoVe and most tools read. R
 a line longer than ``MAX_LINE_BYTES`` or a file beyond ``max_words`` stops with an error, and a
 line whose width differs from the first is refused with its number.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -9,6 +9,7 @@ n-gram out of its document with ``margin_chars`` on each side, drops pieces shor
 ``min_piece_chars`` and drops documents cut into more than ``max_pieces`` pieces (mode ``cut``), or
 drops the whole document (mode ``drop_document``, Dolma).
 """
+
 from __future__ import annotations
 
 import io
@@ -80,16 +81,27 @@ def build_index(files: list[str], cfg: DecontamCfg, stats: Stats) -> BenchmarkIn
             parts = [_as_text(record.get(f)) for f in cfg.fields if f in record]
             parts = [p for p in parts if p]
             if not parts:
-                stats.error("benchmark item without any configured field", path, lineno,
-                            f"fields {cfg.fields}; the item has {sorted(record)[:12]}")
+                stats.error(
+                    "benchmark item without any configured field",
+                    path,
+                    lineno,
+                    f"fields {cfg.fields}; the item has {sorted(record)[:12]}",
+                )
                 continue
             text = "\n".join(parts)
             grams = np.unique(doc_ngrams(text, cfg.n))
-            items.append({"benchmark": bench, "item": lineno, "id": _item_id(record),
-                          "words": len(normalize(text, "janitor").split())})
+            items.append(
+                {
+                    "benchmark": bench,
+                    "item": lineno,
+                    "id": _item_id(record),
+                    "words": len(normalize(text, "janitor").split()),
+                }
+            )
             if len(grams) == 0:
-                stats.error("benchmark item shorter than n words", path, lineno,
-                            f"fewer than {cfg.n} words: not checkable")
+                stats.error(
+                    "benchmark item shorter than n words", path, lineno, f"fewer than {cfg.n} words: not checkable"
+                )
                 continue
             hashes.append(grams)
             owners.append(np.full(len(grams), len(items) - 1, dtype=np.int64))

@@ -13,6 +13,7 @@ checked locally in a large-star step: no node has a smaller neighbour and anothe
 ``components`` (one process, scipy) and the same documents are kept. A task holds the edges of
 its partition only; the number of steps grows with log(component diameter), not with the corpus.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ A text is normalised to UTF-8 bytes (one ``bytes.translate``), and every window 
 a polynomial hash mod 2^64 of its bytes, computed from prefix sums over the whole text (no
 Python-level loop per word or per n-gram), followed by a 64-bit finaliser to spread the bits.
 """
+
 from __future__ import annotations
 
 import re
@@ -79,7 +80,7 @@ def window_hashes(normalized: bytes, n: int, *, short: bool = True) -> np.ndarra
             return np.zeros(0, dtype=np.uint64)
         lo, hi = starts[:1], ends[-1:]
     else:
-        lo, hi = starts[: len(starts) - n + 1], ends[n - 1:]
+        lo, hi = starts[: len(starts) - n + 1], ends[n - 1 :]
     _ensure_powers(len(b))
     with np.errstate(over="ignore"):
         prefix = np.zeros(len(b) + 1, dtype=np.uint64)

@@ -12,6 +12,7 @@ removed), 14 bands x 8 rows = 112 permutations (similarity threshold ~0.72). Shi
 from byte prefix sums over the normalised text (``hashing.window_hashes``) and the 112 permutations
 run as one blocked matrix operation per document (see :class:`MinHasher`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,15 +38,16 @@ class MinHasher:
     def __init__(self, bands: int = 14, rows: int = 8, ngram: int = 5, seed: int = 1) -> None:
         self.bands, self.rows, self.ngram = bands, rows, ngram
         rng = np.random.default_rng(seed)
-        self.a = (rng.integers(0, 2**31, size=bands * rows, dtype=np.uint32) * np.uint32(2)
-                  + np.uint32(1)).astype(np.uint32)
+        self.a = (rng.integers(0, 2**31, size=bands * rows, dtype=np.uint32) * np.uint32(2) + np.uint32(1)).astype(
+            np.uint32
+        )
 
     def signature(self, text: str) -> np.ndarray:
         # A repeated shingle does not change a minimum: no need to deduplicate them first.
         shingles = (window_hashes(normalize(text, "minhash"), self.ngram) >> _SHIFT).astype(np.uint32)
         out = np.full(len(self.a), np.iinfo(np.uint32).max, dtype=np.uint32)
         for i in range(0, len(shingles), 2048):  # (perms x 2048) blocks stay in cache
-            np.minimum(out, np.multiply.outer(self.a, shingles[i:i + 2048]).min(axis=1), out=out)
+            np.minimum(out, np.multiply.outer(self.a, shingles[i : i + 2048]).min(axis=1), out=out)
         return out
 
     def band_keys(self, signature: np.ndarray) -> np.ndarray:

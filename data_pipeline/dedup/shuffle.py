@@ -9,6 +9,7 @@ Documents are named by a packed id, ``input file << 32 | position in the file``:
 is input order (the first document of a duplicate cluster stays), and the input file of a document
 is its id's top half. No global numbering (and no pass over all files to count them) is needed.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -64,7 +65,7 @@ def write_routed(store: Storage, key: str, records: np.ndarray, dest: np.ndarray
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype("<i8")
     with store.open_write(key) as f:
         for lo in range(0, len(order), 1 << 20):  # copies stay small
-            f.write(np.ascontiguousarray(records[order[lo:lo + (1 << 20)]]).tobytes())
+            f.write(np.ascontiguousarray(records[order[lo : lo + (1 << 20)]]).tobytes())
     store.write_bytes(key + ".idx", offsets.tobytes())
     return counts.tolist()
 
@@ -75,7 +76,7 @@ def read_routed(store: Storage, keys: list[str], part: int, dtype: np.dtype) -> 
     size = dtype.itemsize
     bounds = []
     for lo in range(0, len(keys), RANGES_PER_BATCH):
-        batch = keys[lo:lo + RANGES_PER_BATCH]
+        batch = keys[lo : lo + RANGES_PER_BATCH]
         got = store.read_ranges([k + ".idx" for k in batch], [8 * part] * len(batch), [8 * part + 16] * len(batch))
         bounds += [np.frombuffer(b, "<i8") for b in got]
     for key, b in zip(keys, bounds):
@@ -85,9 +86,9 @@ def read_routed(store: Storage, keys: list[str], part: int, dtype: np.dtype) -> 
     out = np.empty(total, dtype)
     view, at = out.view(np.uint8), 0
     for lo in range(0, len(keys), RANGES_PER_BATCH):
-        batch, spans = keys[lo:lo + RANGES_PER_BATCH], bounds[lo:lo + RANGES_PER_BATCH]
+        batch, spans = keys[lo : lo + RANGES_PER_BATCH], bounds[lo : lo + RANGES_PER_BATCH]
         for data in store.read_ranges(batch, [int(b[0]) * size for b in spans], [int(b[1]) * size for b in spans]):
-            view[at:at + len(data)] = np.frombuffer(data, np.uint8)
+            view[at : at + len(data)] = np.frombuffer(data, np.uint8)
             at += len(data)
     if at != total * size:
         raise ValueError(f"short read of partition {part}: {at} of {total * size} bytes (a truncated work file?)")

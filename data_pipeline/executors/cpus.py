@@ -1,4 +1,5 @@
 """How many CPUs this process may use: the size of a process pool, the threads of a worker."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ as they are known, and ``run_task(stage, task)``. The pool runs the first stage 
 tasks, then asks for the stages again: a stage that depends on the outcome of the one before (the
 next clusters round) is listed only once that one has finished.
 """
+
 from __future__ import annotations
 
 import sys
@@ -89,5 +90,11 @@ def run(recipe: Recipe, *, stage: str | None = None, task: int | None = None, pr
 def _bar(stage: str, total: int, done: int, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=done, desc=f"{stage:>12}", unit="task", file=sys.stderr,
-                disable=not enabled or not sys.stderr.isatty())
+    return tqdm(
+        total=total,
+        initial=done,
+        desc=f"{stage:>12}",
+        unit="task",
+        file=sys.stderr,
+        disable=not enabled or not sys.stderr.isatty(),
+    )

@@ -8,6 +8,7 @@ run under a driver job (stage ``clusters``, one CPU, no data) that submits one a
 ``sbatch --wait`` until the components are stars; the stages after it depend on the driver. A
 failed round fails the driver and so the stages after it; a resubmission skips finished tasks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,21 +49,32 @@ def sbatch(cmd: list[str], stage: str, options: list[str]) -> str:
     env.update(GLM_STAGE=stage, **{OPTIONS_ENV: json.dumps(options)})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise PipelineError(f"sbatch for stage {stage} failed (exit {proc.returncode}): "
-                            f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+        raise PipelineError(
+            f"sbatch for stage {stage} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-500:]}"
+        )
     return proc.stdout.strip().split(";")[0]
 
 
-def submit(recipe: str, overrides: list[str], *, options: list[str], template: Path = TEMPLATE,
-           dry_run: bool = False) -> list[str]:
+def submit(
+    recipe: str, overrides: list[str], *, options: list[str], template: Path = TEMPLATE, dry_run: bool = False
+) -> list[str]:
     """One array per stage (the driver for the clusters rounds); prints the job ids, returns them."""
     pipe = Pipeline(load_recipe(recipe, overrides))
     pipe.prepare()  # resolves and freezes the inputs; fails here, not in the queue, on a bad path
     previous, ids = None, []
     for stage, n in submission(pipe):
         array = [] if stage == DRIVER else [f"--array=0-{n - 1}"]
-        cmd = ["sbatch", "--parsable", *array, f"--job-name=glm-{stage}",
-               *([f"--dependency=afterok:{previous}"] if previous else []), *options, str(template), recipe, *overrides]
+        cmd = [
+            "sbatch",
+            "--parsable",
+            *array,
+            f"--job-name=glm-{stage}",
+            *([f"--dependency=afterok:{previous}"] if previous else []),
+            *options,
+            str(template),
+            recipe,
+            *overrides,
+        ]
         if dry_run:
             print(f"GLM_STAGE={stage} " + shlex.join(cmd))
             previous = f"<{stage}>"
@@ -98,8 +110,17 @@ def drive(recipe: str, overrides: list[str], *, options: list[str], template: Pa
     view = _RoundsView(pipe)
     while (stage := next_stage(view)) is not None:
         name, _, pending = stage
-        cmd = ["sbatch", "--parsable", "--wait", f"--array={','.join(map(str, pending))}", f"--job-name=glm-{name}",
-               *options, str(template), recipe, *overrides]
+        cmd = [
+            "sbatch",
+            "--parsable",
+            "--wait",
+            f"--array={','.join(map(str, pending))}",
+            f"--job-name=glm-{name}",
+            *options,
+            str(template),
+            recipe,
+            *overrides,
+        ]
         job = sbatch(cmd, name, options)
         print(f"round {name}: {len(pending)} task(s), job {job} finished", file=sys.stderr)
     return view.rounds.final()

@@ -5,6 +5,7 @@ A rerun skips every task with a marker, and a task that died half-way simply run
 writes the same objects: nothing is duplicated or lost, and the final bytes are the same as an
 uninterrupted run's. Each marker also records the task's peak memory (``memory``).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -83,8 +84,11 @@ class TaskMemory:
         if peak is None:
             scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-        return {"peak_rss_mb": round(peak, 1), "start_rss_mb": round(self.start_mb, 1),
-                "task_mb": round(max(0.0, peak - self.start_mb), 1)}
+        return {
+            "peak_rss_mb": round(peak, 1),
+            "start_rss_mb": round(self.start_mb, 1),
+            "task_mb": round(max(0.0, peak - self.start_mb), 1),
+        }
 
 
 def _reset_peak() -> bool:

@@ -6,6 +6,7 @@ does not know), resiliparse detects it from the bytes. XHTML pages -- served as 
 application/xhtml+xml, often starting with ``<?xml`` -- are ordinary HTML here. Plain-text payloads
 are decoded; anything else (images, PDFs, archives) is dropped with its content type as reason.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -74,8 +75,15 @@ def extract(doc: Document, cfg: ExtractCfg) -> str | None:
     if not clean and decoded.count("\ufffd") > cfg.max_replacement_frac * len(decoded):
         return "extract: undecodable text"
     if is_html:
-        text = extract_plain_text(HTMLTree.parse(decoded), main_content=cfg.main_content, alt_texts=False,
-                                  links=False, form_fields=False, noscript=False, list_bullets=True)
+        text = extract_plain_text(
+            HTMLTree.parse(decoded),
+            main_content=cfg.main_content,
+            alt_texts=False,
+            links=False,
+            form_fields=False,
+            noscript=False,
+            list_bullets=True,
+        )
     else:
         text = decoded
     if not text.strip():

@@ -8,6 +8,7 @@ same documents. Features: lowercase words without punctuation (the decontaminati
 hashed into 2^18 buckets, counts scaled to unit length; trained with L-BFGS (scipy) and an L2
 penalty. ``glm data train-classifier`` writes the model; the recipe's ``classifier`` stage uses it.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def features(texts: list[str]):
         vals.append(v / np.linalg.norm(v))
     if not rows:
         return csr_matrix((len(texts), N_FEATURES))
-    return csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(len(texts), N_FEATURES))
+    return csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(texts), N_FEATURES)
+    )
 
 
 @dataclass
@@ -74,8 +76,9 @@ def keep(doc_id: str, score: float, alpha: float, seed: int) -> bool:
     return bool(rng.pareto(alpha) > 1.0 - score)
 
 
-def train(positive: list[str], negative: list[str], *, l2: float = 0.1, holdout: float = 0.2,
-          seed: int = 0) -> QualityClassifier:
+def train(
+    positive: list[str], negative: list[str], *, l2: float = 0.1, holdout: float = 0.2, seed: int = 0
+) -> QualityClassifier:
     """Fit on ``positive`` (label 1) and ``negative`` (label 0) texts; report held-out accuracy."""
     from scipy.optimize import minimize
 
@@ -98,8 +101,17 @@ def train(positive: list[str], negative: list[str], *, l2: float = 0.1, holdout:
     res = minimize(loss, np.zeros(N_FEATURES + 1), jac=True, method="L-BFGS-B", options={"maxiter": 300})
     w, b = res.x[:-1], float(res.x[-1])
     clf = QualityClassifier(w, b, {})
-    acc = (float(((clf.scores([t for t, m in zip(texts, test) if m]) > 0.5) == y[test].astype(bool)).mean())
-           if test.any() else None)
-    clf.info = {"positive": len(positive), "negative": len(negative), "heldout": int(test.sum()),
-                "heldout_accuracy": acc, "l2": l2, "features": N_FEATURES}
+    acc = (
+        float(((clf.scores([t for t, m in zip(texts, test) if m]) > 0.5) == y[test].astype(bool)).mean())
+        if test.any()
+        else None
+    )
+    clf.info = {
+        "positive": len(positive),
+        "negative": len(negative),
+        "heldout": int(test.sum()),
+        "heldout_accuracy": acc,
+        "l2": l2,
+        "features": N_FEATURES,
+    }
     return clf

@@ -1,5 +1,6 @@
 """Language identification with py3langid: the langid.py model (97 languages) ships inside the
 package, so nothing is downloaded at run time; scores are normalised probabilities."""
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -5,13 +5,21 @@ rule that drops the document (``None`` keeps it); C4's line rules also return th
 dropped lines removed. Thresholds come from the recipe (published values by default); a threshold
 set to ``None`` turns that rule off.
 """
+
 from __future__ import annotations
 
 import re
 
 from data_pipeline.filters.text import (
-    LINE_SPLIT, PARAGRAPH_SPLIT, TERMINAL, count_sentences, duplicated_ngram_chars, duplicates, is_symbol,
-    top_ngram_chars, words,
+    LINE_SPLIT,
+    PARAGRAPH_SPLIT,
+    TERMINAL,
+    count_sentences,
+    duplicated_ngram_chars,
+    duplicates,
+    is_symbol,
+    top_ngram_chars,
+    words,
 )
 from data_pipeline.recipe import C4Cfg, FineWebCfg, GopherQualityCfg, GopherRepetitionCfg
 

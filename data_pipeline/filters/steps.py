@@ -5,6 +5,7 @@ document's text (C4's line rules) or add metadata (language, quality score). :fu
 document through the list, counts what every step saw, kept and dropped (documents and bytes), and
 turns an exception inside a step into a counted drop, so one bad page never ends a long job.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -45,17 +46,20 @@ def _language(r: Recipe, stats: Stats) -> Step:
         if score < cfg.threshold:
             return f"language: score below {cfg.threshold:g}"
         return None
+
     return language
 
 
 def _rewriting(fn: Callable, cfg: object, *extra: object) -> Step:
     """A rule set of ``filters/quality.py``, ``(text, cfg, *extra) -> (reason, text)``, as a step that
     keeps the text the rules return (C4's line rules remove lines)."""
+
     def step(doc: Document) -> str | None:
         reason, text = fn(doc.text, cfg, *extra)
         if reason is None:
             doc.text = text
         return reason
+
     return step
 
 

@@ -1,4 +1,5 @@
 """Text measures shared by the quality rules: words, lines, paragraphs, sentences, duplicates."""
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,8 @@ _INFIX = re.compile(
     rf"|(?<=[a-z])\.(?=[A-Z])|(?<={_L}),(?={_L})"  # io.BufferedIOBase, a,b
     rf"|(?<=[^\W_])(?:---|--|-|–|—|~)(?={_L})"  # well-known, 311-x86
     rf"|(?<=[^\W_])[:<>=/](?={_L})"  # a/b, format=XZ
-    r"|\.\.+|…)")
+    r"|\.\.+|…)"
+)
 _SINGLE = re.compile(r"^(?:[A-Za-z]\.)+$")  # x.  U.S.  e.g.
 _NOT_PREFIX = frozenset("/-@~^|\\")
 _NOT_SUFFIX = frozenset("/-@~^|\\")
@@ -43,7 +45,7 @@ def _peel(chunk: str, out: list[str]) -> None:
         lower = chunk.lower()
         for c in _CLITICS:
             if lower.endswith(c) and len(chunk) > len(c):
-                clitic, chunk = chunk[-len(c):], chunk[: -len(c)]
+                clitic, chunk = chunk[-len(c) :], chunk[: -len(c)]
                 break
         if chunk.isalnum():
             out.append(chunk)
@@ -115,7 +117,7 @@ def top_ngram_chars(ws: list[str], n: int) -> int:
     """Characters covered by the most frequent word n-gram (its length x its count)."""
     if len(ws) < n:
         return 0
-    counts = Counter(" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1))
+    counts = Counter(" ".join(ws[i : i + n]) for i in range(len(ws) - n + 1))
     gram, count = counts.most_common(1)[0]
     return len(gram) * count
 
@@ -125,7 +127,7 @@ def duplicated_ngram_chars(ws: list[str], n: int) -> int:
     seen: set[str] = set()
     chars, i = 0, 0
     while i <= len(ws) - n:
-        gram = "".join(ws[i:i + n])
+        gram = "".join(ws[i : i + n])
         if gram in seen:
             chars += len(gram)
             i += n

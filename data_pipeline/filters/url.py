@@ -1,4 +1,5 @@
 """URL block list: domains (and their subdomains) and banned substrings."""
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -15,8 +16,9 @@ class UrlFilter:
         domains = {d.strip().lower().lstrip(".") for d in cfg.blocklist if d.strip()}
         for path in cfg.blocklist_files:
             lines = read_limited(path, MAX_LIST_BYTES).decode("utf-8", "replace").splitlines()
-            domains.update(line.strip().lower().lstrip(".") for line in lines
-                           if line.strip() and not line.startswith("#"))
+            domains.update(
+                line.strip().lower().lstrip(".") for line in lines if line.strip() and not line.startswith("#")
+            )
         self.domains = frozenset(domains)
         self.substrings = tuple(s.lower() for s in cfg.banned_substrings if s)
 

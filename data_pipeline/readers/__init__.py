@@ -8,6 +8,7 @@ Every read is bounded before it is buffered (docs/architecture.md, decision 11):
 read with a cap (``reader.max_record_mb``) and the rest of an over-long one is dropped in pieces;
 a compressed stream that inflates beyond ``reader.max_decompression_ratio`` times the bytes read is
 cut there; http(s) inputs have timeouts and bounded retries (``data_pipeline.remote``)."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -19,10 +20,19 @@ from data_pipeline.errors import PipelineError
 from data_pipeline.recipe import ReaderCfg
 from data_pipeline.remote import RemoteReadError, check_host, check_scheme, retrying, storage_options
 
-FORMATS = {".warc": "warc", ".wet": "warc", ".arc": "warc", ".jsonl": "jsonl", ".json": "jsonl",
-           ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text", ".text": "text", ".md": "text"}
+FORMATS = {
+    ".warc": "warc",
+    ".wet": "warc",
+    ".arc": "warc",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+}
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
-
 
 
 def expand_inputs(patterns: list[str], cfg: ReaderCfg | None = None) -> list[str]:
@@ -48,11 +58,18 @@ def expand_inputs(patterns: list[str], cfg: ReaderCfg | None = None) -> list[str
 
 def _expand(pattern: str, cfg: ReaderCfg) -> list[str]:
     check_host(pattern)
-    if pattern.lower().startswith(("http://", "https://")) and not pattern.endswith("/") \
-            and not any(ch in pattern for ch in "*?["):
+    if (
+        pattern.lower().startswith(("http://", "https://"))
+        and not pattern.endswith("/")
+        and not any(ch in pattern for ch in "*?[")
+    ):
         return [pattern]
-    fs, path = fsspec.core.url_to_fs(pattern, **storage_options(
-        pattern, connect_timeout_s=cfg.http_connect_timeout_s, read_timeout_s=cfg.http_read_timeout_s))
+    fs, path = fsspec.core.url_to_fs(
+        pattern,
+        **storage_options(
+            pattern, connect_timeout_s=cfg.http_connect_timeout_s, read_timeout_s=cfg.http_read_timeout_s
+        ),
+    )
     matches = retrying(lambda: _matches(fs, path), pattern, retries=cfg.http_retries)
     if not matches:
         raise FileNotFoundError(f"input {pattern!r} matches no file")
@@ -81,9 +98,11 @@ def format_of(path: str, configured: str = "auto", *, strict: bool = True) -> st
             return fmt
     if strict:
         names = ", ".join(FORMATS)
-        raise PipelineError(f"input {path}: cannot tell its format from its name (accepted: {names}, each optionally "
-                            f"compressed as {', '.join(COMPRESSIONS)}); rename it or set reader.format="
-                            f"{'|'.join(sorted(set(FORMATS.values())))}")
+        raise PipelineError(
+            f"input {path}: cannot tell its format from its name (accepted: {names}, each optionally "
+            f"compressed as {', '.join(COMPRESSIONS)}); rename it or set reader.format="
+            f"{'|'.join(sorted(set(FORMATS.values())))}"
+        )
     return None
 
 
@@ -102,7 +121,6 @@ def read(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
         if limit is not None and i >= limit:
             return
         yield doc
-
 
 
 def load_texts(patterns: list[str], text_field: str = "text", limit: int | None = None) -> list[str]:

@@ -20,6 +20,7 @@ What is yielded and what is skipped (counted in ``skipped`` by reason):
 ``catalog``, ``context`` (``msgctxt`` or None), ``plural`` (None, ``"one"``, ``"other"``), ``flags``
 (``.po`` flags such as ``c-format``), ``placeholders`` (sorted list) and ``index`` (entry number).
 """
+
 from __future__ import annotations
 
 import gettext as _gettext
@@ -36,8 +37,10 @@ MO_MAGIC = 0x950412DE
 # printf conversions (flags, width and precision are the translator's to change; a space flag is left out: "% o"
 # in prose is a percent sign and a word) and Python's brace fields ({}, {0}, {name}: lower-case names only; an
 # upper-case {WORD} is a metavariable of the text, translated with it).
-PLACEHOLDER = re.compile(r"%(\d+\$)?(\([^)]*\))?[-+#0']*(?:\d+|\*)?(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|t)?"
-                         r"([diouxXeEfFgGcsaAp])|\{([a-z_][a-z_0-9]*|\d*)(?:![rsa])?(?::[^{}]*)?\}")
+PLACEHOLDER = re.compile(
+    r"%(\d+\$)?(\([^)]*\))?[-+#0']*(?:\d+|\*)?(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|t)?"
+    r"([diouxXeEfFgGcsaAp])|\{([a-z_][a-z_0-9]*|\d*)(?:![rsa])?(?::[^{}]*)?\}"
+)
 PO_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", '"': '"', "\\": "\\"}
 
 
@@ -77,8 +80,9 @@ def read_catalogs(paths: Iterable[str], *, skipped: Counter | None = None, **opt
             skipped[f"unreadable catalog: {type(err).__name__}"] += 1
 
 
-def read_catalog(path: str, *, skipped: Counter | None = None, keep_fuzzy: bool = False,
-                 max_bytes: int = MAX_CATALOG_BYTES) -> Iterator[Record]:
+def read_catalog(
+    path: str, *, skipped: Counter | None = None, keep_fuzzy: bool = False, max_bytes: int = MAX_CATALOG_BYTES
+) -> Iterator[Record]:
     """The translation pairs of one ``.mo`` or ``.po`` file (see the module docstring); raises
     ``CatalogError`` for a file that is too large or not a catalog."""
     skipped = Counter() if skipped is None else skipped
@@ -116,8 +120,9 @@ def _header_fields(header: bytes) -> tuple[str, callable]:
     return name, rule
 
 
-def _pairs(entry: dict, index: int, catalog: str, charset: str, rule, skipped: Counter,
-           keep_fuzzy: bool) -> Iterator[Record]:
+def _pairs(
+    entry: dict, index: int, catalog: str, charset: str, rule, skipped: Counter, keep_fuzzy: bool
+) -> Iterator[Record]:
     if entry.get("obsolete"):
         skipped["obsolete"] += 1
         return
@@ -148,9 +153,15 @@ def _pairs(entry: dict, index: int, catalog: str, charset: str, rule, skipped: C
         elif placeholders(source) != placeholders(target):
             skipped["placeholder mismatch"] += 1
         else:
-            meta = {"id": f"{catalog}:{key}" + ("/other" if plural == "other" else ""), "catalog": catalog,
-                    "context": context, "plural": plural, "flags": sorted(entry["flags"]),
-                    "placeholders": placeholders(source), "index": index}
+            meta = {
+                "id": f"{catalog}:{key}" + ("/other" if plural == "other" else ""),
+                "catalog": catalog,
+                "context": context,
+                "plural": plural,
+                "flags": sorted(entry["flags"]),
+                "placeholders": placeholders(source),
+                "index": index,
+            }
             yield source, target, meta
 
 
@@ -178,15 +189,22 @@ def _mo_entries(data: bytes, path: str) -> list[dict]:
         length, offset = struct.unpack_from(order + "2I", data, table + 8 * i)
         if offset + length > len(data):
             raise CatalogError(f"{path}: string {i} runs past the end of the file")
-        return data[offset:offset + length]
+        return data[offset : offset + length]
 
     entries = []
     for i in range(count):
         original, translated = string(originals, i), string(translations, i)
         context, _, original = original.rpartition(b"\x04") if b"\x04" in original else (None, b"", original)
         msgid, _, plural = original.partition(b"\x00")
-        entries.append({"context": context, "msgid": msgid, "plural": plural or None,
-                        "msgstr": translated.split(b"\x00"), "flags": set()})
+        entries.append(
+            {
+                "context": context,
+                "msgid": msgid,
+                "plural": plural or None,
+                "msgstr": translated.split(b"\x00"),
+                "flags": set(),
+            }
+        )
     return entries
 
 
@@ -254,13 +272,13 @@ def _po_string(quoted: bytes, path: str, lineno: int) -> bytes:
         raise CatalogError(f"{path}:{lineno}: expected a quoted string")
     body, out, i = quoted[1:-1], bytearray(), 0
     while i < len(body):
-        ch = body[i:i + 1]
+        ch = body[i : i + 1]
         if ch != b"\\":
             out += ch
             i += 1
             continue
-        nxt = body[i + 1:i + 2].decode("ascii", "replace")
-        octal = re.match(rb"[0-7]{1,3}", body[i + 1:i + 4])
+        nxt = body[i + 1 : i + 2].decode("ascii", "replace")
+        octal = re.match(rb"[0-7]{1,3}", body[i + 1 : i + 4])
         if octal:
             out.append(int(octal.group(), 8) & 0xFF)
             i += 1 + len(octal.group())

@@ -1,4 +1,5 @@
 """JSONL (.gz/.zst/...), Parquet and plain-text readers, each record bounded by ``reader.max_record_mb``."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,14 @@ import zlib
 from typing import Iterator
 
 from data_pipeline.document import Document, Stats
-from data_pipeline.readers.streams import (RATIO_ALLOWANCE, DecompressionRatioError, error_reason, max_record_bytes,
-                                           open_stream, read_line)
+from data_pipeline.readers.streams import (
+    RATIO_ALLOWANCE,
+    DecompressionRatioError,
+    error_reason,
+    max_record_bytes,
+    open_stream,
+    read_line,
+)
 from data_pipeline.recipe import ReaderCfg
 from data_pipeline.remote import open_url
 
@@ -98,12 +105,18 @@ def read_parquet(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
     stage = stats.stage("read")
     row = 0
     try:
-        with open_url(path, "rb", connect_timeout_s=cfg.http_connect_timeout_s,
-                      read_timeout_s=cfg.http_read_timeout_s, retries=cfg.http_retries) as f:
+        with open_url(
+            path,
+            "rb",
+            connect_timeout_s=cfg.http_connect_timeout_s,
+            read_timeout_s=cfg.http_read_timeout_s,
+            retries=cfg.http_retries,
+        ) as f:
             pf = pq.ParquetFile(f, pre_buffer=False)
             if cfg.text_field not in pf.schema_arrow.names:
-                stats.error("missing text field", path, 0,
-                            f"no column {cfg.text_field!r} (columns: {pf.schema_arrow.names})")
+                stats.error(
+                    "missing text field", path, 0, f"no column {cfg.text_field!r} (columns: {pf.schema_arrow.names})"
+                )
                 return
             for group in range(pf.metadata.num_row_groups):
                 meta = pf.metadata.row_group(group)
@@ -112,7 +125,8 @@ def read_parquet(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
                     raise DecompressionRatioError(
                         f"row group {group} inflates to {meta.total_byte_size} bytes from {packed}, more than "
                         f"reader.max_decompression_ratio={cfg.max_decompression_ratio:g} times + "
-                        f"{RATIO_ALLOWANCE >> 20} MiB (a bomb?); raise the limit if the file is genuine")
+                        f"{RATIO_ALLOWANCE >> 20} MiB (a bomb?); raise the limit if the file is genuine"
+                    )
                 if meta.total_byte_size > cfg.max_row_group_mb * 2**20:
                     stage.seen += meta.num_rows
                     stage.dropped[f"Parquet row group larger than {cfg.max_row_group_mb:g} MB"] += meta.num_rows
@@ -146,8 +160,12 @@ def read_parquet(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:
 def _is_text(arrow_type) -> bool:
     import pyarrow as pa
 
-    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_binary(arrow_type) \
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
         or pa.types.is_large_binary(arrow_type)
+    )
 
 
 def _parquet_document(record: dict, place: str, path: str, row: int, cfg: ReaderCfg, stats: Stats) -> Document | None:

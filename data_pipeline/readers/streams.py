@@ -1,6 +1,7 @@
 """Bounded byte streams under the readers: a line or record read with a cap, the rest of an over-long
 one dropped in pieces, and compressed inputs cut where they inflate beyond the allowed ratio
 (docs/architecture.md, decision 11)."""
+
 from __future__ import annotations
 
 import bz2
@@ -20,6 +21,7 @@ RATIO_ALLOWANCE = 16 << 20
 
 class DecompressionRatioError(OSError):
     """A compressed input inflates beyond ``reader.max_decompression_ratio`` (a decompression bomb)."""
+
 
 def max_record_bytes(cfg: ReaderCfg) -> int:
     return int(cfg.max_record_mb * 2**20)
@@ -129,7 +131,8 @@ class _RatioGuard(io.RawIOBase):
             raise DecompressionRatioError(
                 f"{self.count} bytes inflated from {self.compressed.count} compressed bytes, more than "
                 f"reader.max_decompression_ratio={self.ratio:g} times + {RATIO_ALLOWANCE >> 20} MiB (a bomb?); raise "
-                f"the limit if the file is genuine")
+                f"the limit if the file is genuine"
+            )
         return n
 
 
@@ -142,8 +145,13 @@ def open_stream(path: str, cfg: ReaderCfg) -> tuple[io.BufferedReader, Callable[
     returns None or why the stream ended early (truncated / corrupt). Reads raise
     ``DecompressionRatioError`` past the ratio bound and ``RemoteReadError`` when an http(s) input
     fails after the retries."""
-    raw = open_url(path, "rb", connect_timeout_s=cfg.http_connect_timeout_s,
-                   read_timeout_s=cfg.http_read_timeout_s, retries=cfg.http_retries)
+    raw = open_url(
+        path,
+        "rb",
+        connect_timeout_s=cfg.http_connect_timeout_s,
+        read_timeout_s=cfg.http_read_timeout_s,
+        retries=cfg.http_retries,
+    )
     compressed = _Counted(raw)
     name = path.lower()
     status = _no_early_end
@@ -165,4 +173,5 @@ def open_stream(path: str, cfg: ReaderCfg) -> tuple[io.BufferedReader, Callable[
     def close() -> None:
         inflated.close()
         raw.close()
+
     return stream, close, status

@@ -16,6 +16,7 @@ exactly at the block's end: a length stretched over them would merge them into o
 record is skipped and counted, and reading resumes at the next ``WARC/1.`` line -- inside the block
 when there is one, so the records it swallowed are read on their own.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,7 +54,7 @@ class _Pushback:
         self.f, self.buf, self.pos = f, b"", 0
 
     def unread(self, data: bytes) -> None:
-        self.buf, self.pos = data + self.buf[self.pos:], 0
+        self.buf, self.pos = data + self.buf[self.pos :], 0
 
     def readline(self, size: int = -1) -> bytes:
         if self.pos >= len(self.buf):
@@ -62,7 +63,7 @@ class _Pushback:
         stop = len(self.buf) if size < 0 else min(len(self.buf), self.pos + size)
         newline = self.buf.find(b"\n", self.pos, stop)
         end = newline + 1 if newline >= 0 else stop
-        line, self.pos = self.buf[self.pos:end], end
+        line, self.pos = self.buf[self.pos : end], end
         if newline < 0 and end == len(self.buf) and (size < 0 or len(line) < size):
             line += self.f.readline(size - len(line) if size >= 0 else -1)
         return line
@@ -71,7 +72,7 @@ class _Pushback:
         if self.pos >= len(self.buf):
             self.buf, self.pos = b"", 0
             return self.f.read(n)
-        part = self.buf[self.pos:self.pos + n]
+        part = self.buf[self.pos : self.pos + n]
         self.pos += len(part)
         return part + self.f.read(n - len(part)) if len(part) < n else part
 
@@ -209,8 +210,9 @@ def _misframed(f: _Counting, block: bytes | None, length: int) -> tuple[str, int
         f.unread(tail[2:])
         return None
     f.unread(tail)
-    return f"Content-Length {length} does not end at a record boundary (no CRLF CRLF after the block)", \
-        _record_start(block)
+    return f"Content-Length {length} does not end at a record boundary (no CRLF CRLF after the block)", _record_start(
+        block
+    )
 
 
 def _record_start(block: bytes | None) -> int | None:
@@ -301,9 +303,11 @@ def _document(headers, rtype: bytes, block: bytes, doc_id: str, path: str, offse
     read_stage = stats.stage("read")
     read_stage.seen += 1
     read_stage.bytes_in += len(block)
-    meta = {"url": headers.get(b"warc-target-uri", b"").decode("utf-8", "replace") or None,
-            "date": headers.get(b"warc-date", b"").decode("latin-1") or None,
-            "source": f"{os.path.basename(path)}@{offset}"}
+    meta = {
+        "url": headers.get(b"warc-target-uri", b"").decode("utf-8", "replace") or None,
+        "date": headers.get(b"warc-date", b"").decode("latin-1") or None,
+        "source": f"{os.path.basename(path)}@{offset}",
+    }
     if rtype == b"response" and headers.get(b"content-type", b"").lower().startswith(b"application/http"):
         head, sep, body = block.partition(b"\r\n\r\n")
         if not sep:

@@ -5,6 +5,7 @@ A stage module has two functions: ``plan(pipe) -> [(stage name, number of tasks)
 stage lists one entry per round) and ``run(pipe, name, task) -> dict`` (one task; the dict is the
 task's completion marker). Executors only call ``Pipeline.stages`` and ``Pipeline.run_task``.
 """
+
 from __future__ import annotations
 
 from importlib import import_module

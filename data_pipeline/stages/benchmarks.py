@@ -1,5 +1,6 @@
 """benchmarks (one task): the benchmark files -> the n-gram index every filter task looks documents up in
 (bounded by the benchmarks' size, not the crawl's)."""
+
 from __future__ import annotations
 
 from data_pipeline.document import Stats

@@ -6,6 +6,7 @@ the same exact key, becomes a star: (first document, other member). The pairs go
 clusters round, both directions, grouped by the node partition of their first id; the exact groups
 also go to the removals stage, as (member, first document of its exact group), grouped by input file.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """card (one task): the tasks' markers -> stats.json, contamination.json, the data card (README.md),
 funnel.png and, last, manifest.json, which makes the run's documents visible (``manifest.py``).
 Reads markers only (one per task) and the benchmark index: bounded by tasks and benchmarks."""
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,12 @@ def _dedup(pipe: Pipeline) -> dict:
     from data_pipeline.stages.clusters import rounds
 
     removals = pipe.markers("removals", len(pipe.inputs))
-    return {"clusters_with_duplicates": rounds(pipe).final()["centers"] if pipe.dedup_on() else 0,
-            "documents": sum(m["documents"] for m in removals),
-            "exact_removed": sum(m["exact_removed"] for m in removals),
-            "near_removed": sum(m["near_removed"] for m in removals)}
+    return {
+        "clusters_with_duplicates": rounds(pipe).final()["centers"] if pipe.dedup_on() else 0,
+        "documents": sum(m["documents"] for m in removals),
+        "exact_removed": sum(m["exact_removed"] for m in removals),
+        "near_removed": sum(m["near_removed"] for m in removals),
+    }
 
 
 def _contamination(pipe: Pipeline) -> dict:
@@ -32,12 +35,17 @@ def _contamination(pipe: Pipeline) -> dict:
     if index is None:
         return {}
     partials = pipe.markers("decontam", pipe.partitions)
-    report: dict = {"n": cfg.n, "mode": cfg.mode,
-                    "ignored_frequent_ngrams": sum(m["ignored_frequent_ngrams"] for m in partials), "benchmarks": {}}
+    report: dict = {
+        "n": cfg.n,
+        "mode": cfg.mode,
+        "ignored_frequent_ngrams": sum(m["ignored_frequent_ngrams"] for m in partials),
+        "benchmarks": {},
+    }
     for item in index.items:
-        b = report["benchmarks"].setdefault(item["benchmark"], {"items": 0, "checkable": 0, "dirty": 0,
-                                                                 "dirty_items": [], "dirty_ids": [],
-                                                                 "matched_documents": {}})
+        b = report["benchmarks"].setdefault(
+            item["benchmark"],
+            {"items": 0, "checkable": 0, "dirty": 0, "dirty_items": [], "dirty_ids": [], "matched_documents": {}},
+        )
         b["items"] += 1
         b["checkable"] += item["words"] >= cfg.n
     ids: dict[tuple[str, str], str | None] = {}  # (benchmark, line) -> the item's id
@@ -70,7 +78,8 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
     writes = pipe.markers("write", n)
     shards = [s for m in writes for s in m["shards"]]
     counts = [c for m in writes for c in m["counts"]]
-    write_card(pipe.store, pipe.recipe, merged, _dedup(pipe), _contamination(pipe), shards, pipe.inputs,
-               pipe.benchmarks)
+    write_card(
+        pipe.store, pipe.recipe, merged, _dedup(pipe), _contamination(pipe), shards, pipe.inputs, pipe.benchmarks
+    )
     write_output_manifest(pipe.store, recipe=pipe.recipe.name, shards=shards, counts=counts)
     return {"shards": len(shards), "documents": sum(counts)}

@@ -12,6 +12,7 @@ Memory per task: the pairs of its partition (~48 bytes a pair while it sorts the
 each marker. The rounds run under the same executors as every stage (``Pipeline.stages`` lists them
 as far as they are known; ``executors/slurm.py`` submits them one array per round).
 """
+
 from __future__ import annotations
 
 import json

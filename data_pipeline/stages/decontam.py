@@ -6,6 +6,7 @@ task's hits of that range). N-grams in more than ``decontam.max_doc_freq`` docum
 they come from, with the ids of the documents that matched, go into the task's marker, which the
 card stage gathers into contamination.json. Bounded by the hits in one range, not by the corpus.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,5 +59,8 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
     for h, doc in zip(dirty["hash"], dirty["doc"]):
         for item in index.items_of(np.array([h], dtype=np.uint64)):
             matched.setdefault(int(item), set()).add(names[int(doc)])
-    return {"ignored_frequent_ngrams": int((freq > cfg.max_doc_freq).sum()), "dirty_ngrams": int(len(bad)),
-            "matched": {str(i): sorted(v) for i, v in sorted(matched.items())}}
+    return {
+        "ignored_frequent_ngrams": int((freq > cfg.max_doc_freq).sum()),
+        "dirty_ngrams": int(len(bad)),
+        "matched": {str(i): sorted(v) for i, v in sorted(matched.items())},
+    }

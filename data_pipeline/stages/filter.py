@@ -4,6 +4,7 @@ Writes, for its input file: the kept documents (``filtered/T.jsonl.zst``), their
 n-gram hits (``sig/T.npz``), and their dedup keys for the buckets stage (``keys/T.band``: one
 record per document and band, ``keys/T.exact``: one per document), each grouped by hash range.
 """
+
 from __future__ import annotations
 
 import io
@@ -50,8 +51,10 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
     index = load_index(pipe)
     ids, exact, bands, hit_doc, hit_hash = [], [], [], [], []
     dropped = JsonlGzWriter(pipe.store, f"dropped/filter-{task:05d}.jsonl.gz") if r.writer.write_dropped else None
-    with pipe.work.open_write(filtered_key(task)) as raw, \
-            zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as zw:
+    with (
+        pipe.work.open_write(filtered_key(task)) as raw,
+        zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as zw,
+    ):
         for doc in read(path, r.reader, stats):
             reason, stage = apply(doc, steps, stats, path)
             if reason is not None:
@@ -72,11 +75,19 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
     if dropped is not None:
         dropped.close()
     buf = io.BytesIO()
-    np.savez(buf, ids=np.array(ids, dtype=str), hit_doc=np.concatenate(hit_doc) if hit_doc else np.zeros(0, np.int64),
-             hit_hash=np.concatenate(hit_hash) if hit_hash else np.zeros(0, np.uint64))
+    np.savez(
+        buf,
+        ids=np.array(ids, dtype=str),
+        hit_doc=np.concatenate(hit_doc) if hit_doc else np.zeros(0, np.int64),
+        hit_hash=np.concatenate(hit_hash) if hit_hash else np.zeros(0, np.uint64),
+    )
     pipe.work.write_bytes(sig_key(task), buf.getvalue())
-    _write_keys(pipe, task, np.array(bands, dtype=np.uint64).reshape(len(bands), r.dedup.bands),
-                np.array(exact, dtype=np.uint64).reshape(-1, 2))
+    _write_keys(
+        pipe,
+        task,
+        np.array(bands, dtype=np.uint64).reshape(len(bands), r.dedup.bands),
+        np.array(exact, dtype=np.uint64).reshape(-1, 2),
+    )
     return {"stats": stats.to_dict(), "documents": len(ids), "input": path}
 
 

@@ -8,14 +8,22 @@ member of an exact group its group's first document), i.e. when its text equals 
 and as a near duplicate otherwise. The benchmark n-gram hits of kept documents go to the decontam
 stage, grouped by n-gram hash range.
 """
+
 from __future__ import annotations
 
 import io
 
 import numpy as np
 
-from data_pipeline.dedup.shuffle import (EDGE, as_edges, key_partition, packed_ids, position_of, read_routed,
-                                         write_routed)
+from data_pipeline.dedup.shuffle import (
+    EDGE,
+    as_edges,
+    key_partition,
+    packed_ids,
+    position_of,
+    read_routed,
+    write_routed,
+)
 from data_pipeline.pipeline import Pipeline
 
 HIT = np.dtype([("hash", "<u8"), ("doc", "<i8")])  # a benchmark n-gram in a kept document (packed id)
@@ -66,5 +74,9 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
         hits = np.empty(int(kept.sum()), HIT)
         hits["hash"], hits["doc"] = sig["hit_hash"][kept], packed_ids(task, n)[sig["hit_doc"][kept]]
         write_routed(pipe.work, hits_key(task), hits, key_partition(hits["hash"], pipe.partitions), pipe.partitions)
-    return {"documents": n, "removed": int(len(idx)), "exact_removed": int(exact.sum()),
-            "near_removed": int((~exact).sum())}
+    return {
+        "documents": n,
+        "removed": int(len(idx)),
+        "exact_removed": int(exact.sum()),
+        "near_removed": int((~exact).sum()),
+    }

@@ -1,5 +1,6 @@
 """write (one task per input file): its filtered documents minus dedup removals, decontaminated ->
 ``documents/TTTTT-SSS.jsonl.gz`` (task-unique names; + ``dropped/write-TTTTT.jsonl.gz``)."""
+
 from __future__ import annotations
 
 import io
@@ -90,16 +91,22 @@ def run(pipe: Pipeline, name: str, task: int) -> dict:
         dd.bytes_kept += size
         pieces = [record["text"]]
         if i in hit_docs:
-            pieces, reason = ([], "decontam: contains benchmark text") if r.decontam.mode == "drop_document" \
+            pieces, reason = (
+                ([], "decontam: contains benchmark text")
+                if r.decontam.mode == "drop_document"
                 else cut(record["text"], bad, r.decontam)
+            )
         _count(dc, size, reason)
         if reason is not None:
             drop(record, "decontam", reason)
             continue
         dc.bytes_kept += sum(nbytes(p) for p in pieces) if i in hit_docs else size
         for k, piece in enumerate(pieces):
-            shards.emit({**record, "id": f"{record['id']}#piece{k}", "text": piece, "decontaminated": True}
-                        if i in hit_docs else record)
+            shards.emit(
+                {**record, "id": f"{record['id']}#piece{k}", "text": piece, "decontaminated": True}
+                if i in hit_docs
+                else record
+            )
     shards.close()
     if dropped is not None:
         dropped.close()

@@ -1,6 +1,7 @@
 """Free-form answers scored as SQuAD's official script scores them (v1.1 ``evaluate-v1.1.py``):
 lower case, punctuation and the articles a / an / the removed, whitespace folded; exact match of the
 normalised strings, and F1 over their bags of tokens (best over the references)."""
+
 from __future__ import annotations
 
 import re

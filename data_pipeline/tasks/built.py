@@ -1,5 +1,6 @@
 """A built offline task (its splits, trivial baselines and data card), its stable row order, and
 writing it to a folder."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +37,18 @@ def write_task(task: BuiltTask, out_dir: str) -> dict[str, str]:
     sizes = ", ".join(f"{split} {len(rows)}" for split, rows in task.splits.items())
     baselines = "\n".join(f"| {k} | {v:.4f} |" for k, v in task.baselines.items())
     with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
-        f.write(f"# {task.name}\n\n{task.card.strip()}\n\nItems: {sizes}.\n\n"
-                f"| trivial baseline (test split) | score |\n|---|---|\n{baselines}\n")
+        f.write(
+            f"# {task.name}\n\n{task.card.strip()}\n\nItems: {sizes}.\n\n"
+            f"| trivial baseline (test split) | score |\n|---|---|\n{baselines}\n"
+        )
     with open(os.path.join(out_dir, "baselines.json"), "w") as f:
-        json.dump({"baselines": task.baselines, "sizes": {s: len(r) for s, r in task.splits.items()},
-                   "settings": task.settings}, f, indent=1)
+        json.dump(
+            {
+                "baselines": task.baselines,
+                "sizes": {s: len(r) for s, r in task.splits.items()},
+                "settings": task.settings,
+            },
+            f,
+            indent=1,
+        )
     return paths

@@ -10,6 +10,7 @@ The test split comes only from the documents held out of pretraining by our data
 (``is_validation(id, 50)``: the 5% validation split), so a model trained on the embedded corpus
 never saw them; the train split (few-shot examples) comes from the other documents.
 """
+
 from __future__ import annotations
 
 import re
@@ -55,8 +56,14 @@ def _context_guess(context: str) -> str:
     return Counter(words).most_common(1)[0][0] if words else ""
 
 
-def build(documents: Iterable[dict] | None = None, *, per_mille: int = 50, max_train: int = 1000,
-          max_test: int | None = None, min_context: int = 12) -> BuiltTask:
+def build(
+    documents: Iterable[dict] | None = None,
+    *,
+    per_mille: int = 50,
+    max_train: int = 1000,
+    max_test: int | None = None,
+    min_context: int = 12,
+) -> BuiltTask:
     if documents is None:
         from data_pipeline.embedded import embedded_documents
 
@@ -68,9 +75,11 @@ def build(documents: Iterable[dict] | None = None, *, per_mille: int = 50, max_t
     if not test or not train:
         raise ValueError(f"pydoc_cloze: {len(test)} test and {len(train)} train items; give more documents")
     majority = Counter(r["target"] for r in train).most_common(1)[0][0]
-    baselines = {"acc: the train split's most frequent target": sum(r["target"] == majority for r in test) / len(test),
-                 "acc: the context's most frequent word": sum(r["target"] == _context_guess(r["context"]) for r in test)
-                 / len(test)}
+    baselines = {
+        "acc: the train split's most frequent target": sum(r["target"] == majority for r in test) / len(test),
+        "acc: the context's most frequent word": sum(r["target"] == _context_guess(r["context"]) for r in test)
+        / len(test),
+    }
     card = f"""Source: the Python standard library's documentation as rendered by `pydoc` (the embedded corpus,
 `data_pipeline/embedded.py`; it ships with every Python, no download). Construction: prose paragraphs
 (>= {100 * 0.8:.0f}% plain words), one item per sentence ending in a lower-case word of 3+ letters after at least
@@ -78,5 +87,10 @@ def build(documents: Iterable[dict] | None = None, *, per_mille: int = 50, max_t
 " word"). Test items come only from the documents of the 5% validation split of our data configs
 (`is_validation(id, {per_mille})`), never seen in pretraining; train items (few-shot examples) from the rest.
 Item id: `<document id>/p<paragraph>/w<word index>`."""
-    return BuiltTask("pydoc_cloze", {"train": train, "test": test}, baselines, card,
-                     {"per_mille": per_mille, "min_context": min_context})
+    return BuiltTask(
+        "pydoc_cloze",
+        {"train": train, "test": test},
+        baselines,
+        card,
+        {"per_mille": per_mille, "min_context": min_context},
+    )

@@ -15,6 +15,7 @@ their path: ``test`` (20%), ``labelled`` (30%: the training pool) and ``unlabell
 words only, for semi-supervised learning). Reads are bounded: a page over ``MAX_PAGE_BYTES`` is
 skipped and counted.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -109,15 +110,16 @@ def sentences(words: list[str], tags: list[str]) -> Iterator[tuple[list[str], li
     for i, (word, tag) in enumerate(zip(words, tags)):
         last = i + 1 == len(words)
         if last or (tag == "O" and word in ENDS and words[i + 1][:1].isupper()):
-            yield words[start:i + 1], tags[start:i + 1]
+            yield words[start : i + 1], tags[start : i + 1]
             start = i + 1
 
 
 def pydoc_dir(root: str | None = None) -> Path:
     path = Path(root or DEFAULT_DIR)
     if not (path / "library").is_dir():
-        raise PydocMissing(f"Python's HTML documentation is not in {path}: apt-get install -y python3-doc "
-                           f"(launch/setup_env.sh does)")
+        raise PydocMissing(
+            f"Python's HTML documentation is not in {path}: apt-get install -y python3-doc (launch/setup_env.sh does)"
+        )
     return path
 
 
@@ -127,8 +129,9 @@ def page_split(page: str) -> str:
     return "test" if bucket < 20 else "labelled" if bucket < 50 else "unlabelled"
 
 
-def read_pages(root: str | None = None, *, pattern: str = "**/*.html", max_pages: int | None = None,
-               skipped: Counter | None = None) -> Iterator[tuple[str, list[TaggedSentence]]]:
+def read_pages(
+    root: str | None = None, *, pattern: str = "**/*.html", max_pages: int | None = None, skipped: Counter | None = None
+) -> Iterator[tuple[str, list[TaggedSentence]]]:
     """(page path relative to the root, its tagged sentences), for the pages ``pattern`` matches in
     sorted order."""
     base = pydoc_dir(root)
@@ -150,8 +153,9 @@ def read_pages(root: str | None = None, *, pattern: str = "**/*.html", max_pages
         yield page, out
 
 
-def xref_splits(root: str | None = None, *, pattern: str = "**/*.html",
-                max_pages: int | None = None) -> dict[str, list[TaggedSentence]]:
+def xref_splits(
+    root: str | None = None, *, pattern: str = "**/*.html", max_pages: int | None = None
+) -> dict[str, list[TaggedSentence]]:
     """``test`` / ``labelled`` / ``unlabelled`` sentences (pages held out whole)."""
     out: dict[str, list[TaggedSentence]] = {"test": [], "labelled": [], "unlabelled": []}
     for page, tagged in read_pages(root, pattern=pattern, max_pages=max_pages):

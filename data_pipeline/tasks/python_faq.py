@@ -9,6 +9,7 @@ Read from Python's HTML documentation in Debian's ``python3-doc`` (``faq/*.html`
 navigation headings are not in question sections and are not read. Questions
 are held out by a hash of their id (the page and the heading's anchor).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,11 @@ from data_pipeline.tasks.answers import exact_match, f1
 
 DEFAULT_DIR = "/usr/share/doc/python3-doc/html"
 MAX_PAGE_BYTES = 4 << 20
-SECTION = re.compile(r'<section id="(?P<anchor>[^"]+)">\s*<h3>(?P<question>.*?)</h3>\s*'
-                     r'(?P<body>.*?)(?=<section|</section>)', re.S)
+SECTION = re.compile(
+    r'<section id="(?P<anchor>[^"]+)">\s*<h3>(?P<question>.*?)</h3>\s*'
+    r"(?P<body>.*?)(?=<section|</section>)",
+    re.S,
+)
 PARAGRAPH = re.compile(r"<p>(.*?)</p>", re.S)
 TAG = re.compile(r"<[^>]+>")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
@@ -57,16 +61,21 @@ def questions(root: str | None = None) -> tuple[list[dict], dict[str, int]]:
                 skipped["no answer paragraph"] += 1
                 continue
             answer = _text(paragraph[1])
-            rows.append({"id": f"pyfaq:{page.stem}#{m['anchor']}", "question": question,
-                         "answer": first_sentence(answer), "paragraph": answer})
+            rows.append(
+                {
+                    "id": f"pyfaq:{page.stem}#{m['anchor']}",
+                    "question": question,
+                    "answer": first_sentence(answer),
+                    "paragraph": answer,
+                }
+            )
     return stable_order(rows), skipped
 
 
 def _baselines(test: list[dict]) -> dict[str, float]:
     """Trivial answers: the question itself; the most common first sentence's opening words."""
     out = {}
-    for name, guess in (("the question repeated", lambda r: r["question"]),
-                        ("\"Yes.\"", lambda r: "Yes.")):
+    for name, guess in (("the question repeated", lambda r: r["question"]), ('"Yes."', lambda r: "Yes.")):
         out[f"f1: {name}"] = sum(f1(guess(r), [r["answer"]]) for r in test) / len(test)
         out[f"exact_match: {name}"] = sum(exact_match(guess(r), [r["answer"]]) for r in test) / len(test)
     return out
@@ -86,5 +95,10 @@ first sentence (the whole paragraph is kept in `paragraph`). Skipped: {skipped}.
 question in the test or the train split. Prompt (closed-book QA as GPT-2's Natural Questions, section 3.5):
 few-shot `Q: ... / A: ...` pairs of the train split, then `Q: <question>` / `A:`; greedy decoding to the end of
 the line; metrics: SQuAD's F1 and exact match. Item id: `pyfaq:<page>#<heading anchor>`."""
-    return BuiltTask("python_faq", {"train": train, "test": test}, _baselines(test), card,
-                     {"skipped": skipped, "pydoc_dir": str(where.parent)})
+    return BuiltTask(
+        "python_faq",
+        {"train": train, "test": test},
+        _baselines(test),
+        card,
+        {"skipped": skipped, "pydoc_dir": str(where.parent)},
+    )

@@ -11,6 +11,7 @@ Like the cloze, the test split comes only from documents held out of pretraining
 and keeps only entries whose text no pretraining document repeats (pydoc prints inherited methods
 again under every subclass); the train split (few-shot examples) comes from the other documents.
 """
+
 from __future__ import annotations
 
 import re
@@ -83,8 +84,14 @@ def _lead_baseline(rows: list[dict]) -> dict[str, float]:
     return {f"{key}: the article's first sentence": v / len(rows) for key, v in totals.items()}
 
 
-def build(documents: Iterable[dict] | None = None, *, per_mille: int = 50, max_train: int = 500,
-          max_test: int | None = None, min_words: int = 10) -> BuiltTask:
+def build(
+    documents: Iterable[dict] | None = None,
+    *,
+    per_mille: int = 50,
+    max_train: int = 500,
+    max_test: int | None = None,
+    min_words: int = 10,
+) -> BuiltTask:
     if documents is None:
         from data_pipeline.embedded import embedded_documents
 
@@ -111,5 +118,10 @@ k = 2, the first 3 generated sentences kept; metrics: ROUGE-1/2/L F1 (rouge-scor
 Test items come only from the documents of the 5% validation split of our data configs
 (`is_validation(id, {per_mille})`) and only where no other document repeats the text; train items
 (few-shot examples) from the rest, one per distinct text. Item id: `<document id>/e<entry index>`."""
-    return BuiltTask("doc_summary", {"train": train, "test": test}, _lead_baseline(test), card,
-                     {"per_mille": per_mille, "min_words": min_words})
+    return BuiltTask(
+        "doc_summary",
+        {"train": train, "test": test},
+        _lead_baseline(test),
+        card,
+        {"per_mille": per_mille, "min_words": min_words},
+    )

@@ -11,6 +11,7 @@ task's held-out sentences. The tokenizer is the ``word`` profile's kind (WordLev
 unlabelled and the labelled training words, never the held-out ones. ``manifest.json`` (written
 last) lists the tasks and their tags under ``tagging``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,9 @@ def cased_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency: int
     return tok
 
 
-def encode(sentence: TaggedSentence, vocab: dict[str, int], unk: int, normalize, *, tag_ids: dict | None,
-           task: int) -> np.ndarray:
+def encode(
+    sentence: TaggedSentence, vocab: dict[str, int], unk: int, normalize, *, tag_ids: dict | None, task: int
+) -> np.ndarray:
     out = np.empty(len(sentence.words), dtype=TAGGED)
     out["token"] = [vocab.get(normalize(w), unk) for w in sentence.words]
     out["tag"] = [tag_ids[t] for t in sentence.tags] if tag_ids is not None else -1
@@ -71,10 +73,16 @@ def subset(rows: Sequence[TaggedSentence], limit: int | None, seed: int) -> list
     return random.Random(seed).sample(rows, limit)
 
 
-def write_tagging_shards(out_dir: str, tasks: Sequence[TaggingTask], unlabelled: Sequence[TaggedSentence], *,
-                         labelled_limit: int | Sequence[int | None] | None = None, subset_seed: int = 0,
-                         vocab_size: int = 16384,
-                         shard_max_bytes: int = 16 * 2**20) -> dict:
+def write_tagging_shards(
+    out_dir: str,
+    tasks: Sequence[TaggingTask],
+    unlabelled: Sequence[TaggedSentence],
+    *,
+    labelled_limit: int | Sequence[int | None] | None = None,
+    subset_seed: int = 0,
+    vocab_size: int = 16384,
+    shard_max_bytes: int = 16 * 2**20,
+) -> dict:
     """Write the shard set (see the module docstring); returns its manifest."""
     for t in tasks:
         if list(t.tags) != ["O", *(f"{b}-{r}" for r in bio_roles(t.tags) for b in "BI")]:
@@ -93,24 +101,48 @@ def write_tagging_shards(out_dir: str, tasks: Sequence[TaggingTask], unlabelled:
     splits: dict[str, list[tuple[TaggedSentence, dict | None, int]]] = {
         "train": [(s, None, -1) for s in unlabelled],
         **{f"labelled-{k}": [(s, tag_ids[k], k) for s in rows] for k, rows in enumerate(labelled)},
-        "validation": [(s, tag_ids[k], k) for k, t in enumerate(tasks) for s in t.test]}
+        "validation": [(s, tag_ids[k], k) for k, t in enumerate(tasks) for s in t.test],
+    }
     infos = {}
     for split, rows in splits.items():
         writer = ShardSetWriter(out_dir, split, shard_max_bytes, prefix=split)
         for i, (sentence, tags, task) in enumerate(rows):
-            writer.write(f"{split}-{i:08d}", encode(sentence, vocab, ids["unk"], normalize, tag_ids=tags, task=task),
-                         {"source": sentence.source})
+            writer.write(
+                f"{split}-{i:08d}",
+                encode(sentence, vocab, ids["unk"], normalize, tag_ids=tags, task=task),
+                {"source": sentence.source},
+            )
         infos[split] = [asdict(info) for info in writer.close() if info.num_samples]
     manifest = {
-        "format": "glm-dist/tokenized-documents/v2", "index_format": INDEX_FORMAT,
-        "tokenizer": {"file": "tokenizer.json", "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
-                      "profile": PROFILE, "kind": PROFILES[PROFILE].kind, "vocab_size": tok.get_vocab_size(),
-                      "eot_id": ids["eot"], "special_ids": ids, "cased": True},
+        "format": "glm-dist/tokenized-documents/v2",
+        "index_format": INDEX_FORMAT,
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+            "profile": PROFILE,
+            "kind": PROFILES[PROFILE].kind,
+            "vocab_size": tok.get_vocab_size(),
+            "eot_id": ids["eot"],
+            "special_ids": ids,
+            "cased": True,
+        },
         "splits": infos,
-        "tagging": {"format": FORMAT, "unlabelled": len(unlabelled), "labelled_limit": labelled_limit,
-                    "subset_seed": subset_seed,
-                    "tasks": [{"name": t.name, "tags": list(t.tags), "offset": offsets[k], "labelled": len(labelled[k]),
-                               "test": len(t.test)} for k, t in enumerate(tasks)]},
+        "tagging": {
+            "format": FORMAT,
+            "unlabelled": len(unlabelled),
+            "labelled_limit": labelled_limit,
+            "subset_seed": subset_seed,
+            "tasks": [
+                {
+                    "name": t.name,
+                    "tags": list(t.tags),
+                    "offset": offsets[k],
+                    "labelled": len(labelled[k]),
+                    "test": len(t.test),
+                }
+                for k, t in enumerate(tasks)
+            ],
+        },
     }
     write_manifest(out_dir, manifest)
     return manifest
@@ -135,11 +167,20 @@ TASKS = ("pydoc_xref", "wordnet_pos")
 UNLABELLED_SEED = 1234  # which unlabelled sentences a limit keeps: the same for every labelled size
 
 
-def build_tagging_set(out_dir: str, *, tasks: Sequence[str] = ("pydoc_xref",),
-                      labelled_limit: int | Sequence[int | None] | None = None,
-                      unlabelled_limit: int | None = None, test_limit: int | None = None, subset_seed: int = 0,
-                      vocab_size: int = 16384, pydoc_root: str | None = None, wordnet_root: str | None = None,
-                      pattern: str = "**/*.html", max_pages: int | None = None) -> dict:
+def build_tagging_set(
+    out_dir: str,
+    *,
+    tasks: Sequence[str] = ("pydoc_xref",),
+    labelled_limit: int | Sequence[int | None] | None = None,
+    unlabelled_limit: int | None = None,
+    test_limit: int | None = None,
+    subset_seed: int = 0,
+    vocab_size: int = 16384,
+    pydoc_root: str | None = None,
+    wordnet_root: str | None = None,
+    pattern: str = "**/*.html",
+    max_pages: int | None = None,
+) -> dict:
     """``glm data tagging``: the named tasks (``pydoc_xref`` first: its unlabelled pages are the
     unlabelled text), ``labelled_limit`` training sentences (per task, or a list), ``unlabelled_limit``
     unlabelled and ``test_limit`` held-out sentences per task (fixed draws)."""
@@ -149,5 +190,11 @@ def build_tagging_set(out_dir: str, *, tasks: Sequence[str] = ("pydoc_xref",),
     xref, unlabelled = xref_task(pydoc_root, pattern=pattern, max_pages=max_pages)
     built = [xref] + [wordnet_task(wordnet_root) for t in tasks[1:] if t == "wordnet_pos"]
     built = [TaggingTask(t.name, t.tags, t.labelled, subset(t.test, test_limit, UNLABELLED_SEED)) for t in built]
-    return write_tagging_shards(out_dir, built, subset(unlabelled, unlabelled_limit, UNLABELLED_SEED),
-                                labelled_limit=labelled_limit, subset_seed=subset_seed, vocab_size=vocab_size)
+    return write_tagging_shards(
+        out_dir,
+        built,
+        subset(unlabelled, unlabelled_limit, UNLABELLED_SEED),
+        labelled_limit=labelled_limit,
+        subset_seed=subset_seed,
+        vocab_size=vocab_size,
+    )

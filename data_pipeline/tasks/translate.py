@@ -11,6 +11,7 @@ pairs as ``english = german`` lines (lm-eval's few-shot examples from the train 
 ``english =``; greedy decoding to the end of the line; BLEU (sacrebleu, lm-eval's ``bleu``).
 A hash of the English sentence picks the split, so a sentence never crosses splits.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,9 @@ from data_pipeline.tasks.built import BuiltTask, stable_order
 SENTENCE = re.compile(r"^[A-Z][^\n\t%{}<>`@/\\_=|*#\[\]]*[.!?]$")
 
 
-def pairs(paths: Iterable[str], *, skipped: Counter | None = None, min_words: int = 4,
-          max_words: int = 30) -> list[dict]:
+def pairs(
+    paths: Iterable[str], *, skipped: Counter | None = None, min_words: int = 4, max_words: int = 30
+) -> list[dict]:
     """One item per distinct English sentence of the catalogs (see the module docstring)."""
     skipped = Counter() if skipped is None else skipped
     out: dict[str, dict] = {}
@@ -51,15 +53,22 @@ def _copy_baseline(rows: list[dict]) -> float:
     return sacrebleu.corpus_bleu([r["en"] for r in rows], [[r["de"] for r in rows]]).score
 
 
-def build(locale_roots: tuple[str, ...] = ("/usr/share/locale",), *, language: str = "de",
-          test_per_mille: int = 250, max_test: int = 500) -> BuiltTask:
+def build(
+    locale_roots: tuple[str, ...] = ("/usr/share/locale",),
+    *,
+    language: str = "de",
+    test_per_mille: int = 250,
+    max_test: int = 500,
+) -> BuiltTask:
     paths = catalog_paths(language, locale_roots)
     skipped: Counter = Counter()
     rows = pairs(paths, skipped=skipped)
     if len(rows) < 20:
-        raise ValueError(f"translation_de: {len(rows)} sentence pairs in {len(paths)} catalogs under "
-                         f"{', '.join(locale_roots)}; install the packages' German catalogs (Debian puts them in "
-                         f"/usr/share/locale/{language}/LC_MESSAGES)")
+        raise ValueError(
+            f"translation_de: {len(rows)} sentence pairs in {len(paths)} catalogs under "
+            f"{', '.join(locale_roots)}; install the packages' German catalogs (Debian puts them in "
+            f"/usr/share/locale/{language}/LC_MESSAGES)"
+        )
     held = {r["id"]: int(hashlib.sha1(r["en"].encode()).hexdigest()[:8], 16) % 1000 < test_per_mille for r in rows}
     test = stable_order([r for r in rows if held[r["id"]]])[:max_test]
     train = stable_order([r for r in rows if not held[r["id"]]])
@@ -72,5 +81,10 @@ pairs `english = german`, one per line, then `english =` (GPT-2, section 3.7); g
 the line; metric: BLEU (sacrebleu). A hash of the English sentence puts {test_per_mille / 10:.0f}% of the
 items in the test split (at most {max_test}), the rest in the train split. Skipped on the way: {dict(skipped)}.
 Item id: `gettext-de:<catalog>:<sha1 of context and msgid, 12 hex digits>[/other]`."""
-    return BuiltTask("translation_de", {"train": train, "test": test}, {"bleu: copy the English": _copy_baseline(test)},
-                     card, {"language": language, "catalogs": len(paths), "skipped": dict(skipped)})
+    return BuiltTask(
+        "translation_de",
+        {"train": train, "test": test},
+        {"bleu: copy the English": _copy_baseline(test)},
+        card,
+        {"language": language, "catalogs": len(paths), "skipped": dict(skipped)},
+    )

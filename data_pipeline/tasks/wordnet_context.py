@@ -15,6 +15,7 @@ every sentence is counted by how its lemma was found, or why it was not (``Count
 ``split`` holds items out by lemma (a lemma's every sentence on one side: a probe cannot score by
 memorising words) or by synset, keyed by a seed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,16 @@ from data_pipeline.tokenize.word import split_words
 
 # Morphy's detachment rules (WordNet's morph.c): (suffix, replacement) tried in this order.
 DETACH = {
-    "n": (("s", ""), ("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"), ("men", "man"),
-          ("ies", "y")),
+    "n": (
+        ("s", ""),
+        ("ses", "s"),
+        ("xes", "x"),
+        ("zes", "z"),
+        ("ches", "ch"),
+        ("shes", "sh"),
+        ("men", "man"),
+        ("ies", "y"),
+    ),
     "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
     "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
     "r": (),
@@ -49,7 +58,7 @@ class Morphy:
         if not (pos == "n" and (word.endswith("ss") or len(word) <= 2)):
             for suffix, ending in DETACH[pos]:
                 if word.endswith(suffix) and len(word) > len(suffix):
-                    forms.setdefault(word[:-len(suffix)] + ending, "rule")
+                    forms.setdefault(word[: -len(suffix)] + ending, "rule")
         return forms
 
 
@@ -61,8 +70,13 @@ class Counts:
     multiword_only: int = 0  # the synset's one-word lemmas absent, a multi-word one present as written
 
     def as_dict(self) -> dict:
-        return {"sentences": self.sentences, "found": dict(self.found), "not_found": self.not_found,
-                "multiword_only": self.multiword_only, "items": sum(self.found.values())}
+        return {
+            "sentences": self.sentences,
+            "found": dict(self.found),
+            "not_found": self.not_found,
+            "multiword_only": self.multiword_only,
+            "items": sum(self.found.values()),
+        }
 
 
 def locate(words: list[str], lemmas: tuple[str, ...], pos: str, morphy: Morphy) -> tuple[int, str, str] | None:
@@ -78,7 +92,7 @@ def locate(words: list[str], lemmas: tuple[str, ...], pos: str, morphy: Morphy) 
 
 def _contains(words: list[str], phrase: list[str]) -> bool:
     n = len(phrase)
-    return any(words[k:k + n] == phrase for k in range(len(words) - n + 1))
+    return any(words[k : k + n] == phrase for k in range(len(words) - n + 1))
 
 
 def items(root: str | None = None) -> tuple[list[dict], Counts]:
@@ -99,19 +113,28 @@ def items(root: str | None = None) -> tuple[list[dict], Counts]:
                     continue
                 k, lemma, how = hit
                 counts.found[how] += 1
-                out.append({"id": f"wn30:{pos}{s.offset:08d}:{e}", "words": words, "position": k, "lemma": lemma,
-                            "pos": "a" if s.pos == "s" else s.pos, "supersense": s.lexname,
-                            "synset": f"{pos}{s.offset:08d}"})
+                out.append(
+                    {
+                        "id": f"wn30:{pos}{s.offset:08d}:{e}",
+                        "words": words,
+                        "position": k,
+                        "lemma": lemma,
+                        "pos": "a" if s.pos == "s" else s.pos,
+                        "supersense": s.lexname,
+                        "synset": f"{pos}{s.offset:08d}",
+                    }
+                )
     return out, counts
 
 
 def _bucket(key: str, seed: int) -> float:
     """A uniform number in [0, 1) fixed by (seed, key)."""
-    return int(hashlib.sha1(f"{seed}:{key}".encode()).hexdigest()[:12], 16) / 16 ** 12
+    return int(hashlib.sha1(f"{seed}:{key}".encode()).hexdigest()[:12], 16) / 16**12
 
 
-def split(rows: list[dict], *, seed: int = 0, by: str = "lemma", valid: float = 0.1,
-          test: float = 0.1) -> dict[str, list[dict]]:
+def split(
+    rows: list[dict], *, seed: int = 0, by: str = "lemma", valid: float = 0.1, test: float = 0.1
+) -> dict[str, list[dict]]:
     """train / valid / test, every value of ``rows[i][by]`` (``lemma`` or ``synset``) on one side only."""
     out: dict[str, list[dict]] = {"train": [], "valid": [], "test": []}
     for row in rows:

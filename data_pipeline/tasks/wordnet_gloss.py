@@ -8,6 +8,7 @@ of at least ``min_words`` words is a row (``text``: the definition, ``label``: t
 file); rows are split by a hash of the synset's offset and part of speech into ``train`` (80%),
 ``valid`` (10%) and ``test`` (10%), and ``limit`` keeps a fixed, content-independent sample of each.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -7,6 +7,7 @@ contain the word), the answer is the first such lemma, and three distractors are
 synsets of the same part of speech, drawn with a generator seeded by the item's id. Items whose
 definition contains one of the synset's words are skipped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,15 @@ def candidates(root: str | None = None) -> dict[str, list[dict]]:
             definition = s.definition.split(";")[0].strip()
             words = [w.lower() for w in s.lemmas]
             if answer and len(definition.split()) >= 4 and not any(w in definition.lower() for w in words):
-                items.append({"id": f"wn30:{pos}{s.offset:08d}", "pos": pos, "definition": definition,
-                              "answer": answer, "words": words})
+                items.append(
+                    {
+                        "id": f"wn30:{pos}{s.offset:08d}",
+                        "pos": pos,
+                        "definition": definition,
+                        "answer": answer,
+                        "words": words,
+                    }
+                )
         out[pos] = items
     return out
 
@@ -49,13 +57,14 @@ def with_choices(item: dict, pool: list[str], num_choices: int) -> dict:
     return {"id": item["id"], "pos": item["pos"], "definition": item["definition"], "choices": choices, "label": label}
 
 
-def build(wordnet_dir: str | None = None, *, num_test: int = 1000, num_train: int = 200,
-          num_choices: int = 4) -> BuiltTask:
+def build(
+    wordnet_dir: str | None = None, *, num_test: int = 1000, num_train: int = 200, num_choices: int = 4
+) -> BuiltTask:
     root = str(wordnet.wordnet_dir(wordnet_dir))  # WNSEARCHDIR or /usr/share/wordnet, else a one-line error
     by_pos = candidates(root)
     pools = {pos: sorted({i["answer"] for i in items}) for pos, items in by_pos.items()}
     ordered = stable_order([i for items in by_pos.values() for i in items])
-    rows = [with_choices(i, pools[i["pos"]], num_choices) for i in ordered[:num_test + num_train]]
+    rows = [with_choices(i, pools[i["pos"]], num_choices) for i in ordered[: num_test + num_train]]
     test, train = rows[:num_test], rows[num_test:]
     shortest = sum(min(range(num_choices), key=lambda k: (len(r["choices"][k]), k)) == r["label"] for r in test)
     baselines = {"acc: chance": 1 / num_choices, "acc: the shortest word": shortest / len(test)}
@@ -66,5 +75,6 @@ first ";") of 4+ words that contains none of the synset's words; the answer is t
 {num_choices - 1} distractors are lemmas of other synsets of the same part of speech drawn with a generator
 seeded by the item id. Items are ordered by a hash of their id; the first {num_test} form the test split,
 the next {num_train} the train split (few-shot examples). Item id: `wn30:<part of speech><synset offset>`."""
-    return BuiltTask("wordnet_mc", {"train": train, "test": test}, baselines, card,
-                     {"num_choices": num_choices, "wordnet_dir": root})
+    return BuiltTask(
+        "wordnet_mc", {"train": train, "test": test}, baselines, card, {"num_choices": num_choices, "wordnet_dir": root}
+    )

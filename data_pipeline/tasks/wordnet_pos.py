@@ -9,6 +9,7 @@ the first match is ``B-<POS>`` then ``I-<POS>`` (``NOUN VERB ADJ ADV``; satellit
 other words ``O``. Examples with no match are left out. Synsets are held out whole by a hash of
 their offset and part of speech: ``test`` 20%, ``labelled`` 80%.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,10 +21,21 @@ from data_pipeline.tasks.pydoc_xref import MAX_WORDS, MIN_WORDS, WORD, TaggedSen
 POS = {"n": "NOUN", "v": "VERB", "a": "ADJ", "s": "ADJ", "r": "ADV"}
 TAGS = ("O", *(f"{bio}-{pos}" for pos in ("NOUN", "VERB", "ADJ", "ADV") for bio in "BI"))
 # morphy(7WN)'s detachment rules: (suffix, ending) per part of speech
-RULES = {"n": (("s", ""), ("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"), ("men", "man"),
-               ("ies", "y")),
-         "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
-         "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")), "r": ()}
+RULES = {
+    "n": (
+        ("s", ""),
+        ("ses", "s"),
+        ("xes", "x"),
+        ("zes", "z"),
+        ("ches", "ch"),
+        ("shes", "sh"),
+        ("men", "man"),
+        ("ies", "y"),
+    ),
+    "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
+    "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
+    "r": (),
+}
 
 
 @lru_cache(maxsize=8)
@@ -35,8 +47,11 @@ def base_forms(word: str, pos: str, *, root: str | None = None) -> set[str]:
     """The word itself, its irregular base forms and what the detachment rules leave of it."""
     pos = "a" if pos == "s" else pos
     forms = {word, *_exceptions(pos, root).get(word, ())}
-    forms.update(word[:-len(suffix)] + ending for suffix, ending in RULES[pos] if word.endswith(suffix)
-                 and len(word) > len(suffix))
+    forms.update(
+        word[: -len(suffix)] + ending
+        for suffix, ending in RULES[pos]
+        if word.endswith(suffix) and len(word) > len(suffix)
+    )
     return forms
 
 
@@ -49,7 +64,7 @@ def tag_example(example: str, synset: wordnet.Synset, *, root: str | None = None
             if all(p in base_forms(lower[start + k], synset.pos, root=root) for k, p in enumerate(parts)):
                 tags = ["O"] * len(words)
                 pos = POS[synset.pos]
-                tags[start:start + len(parts)] = [f"B-{pos}"] + [f"I-{pos}"] * (len(parts) - 1)
+                tags[start : start + len(parts)] = [f"B-{pos}"] + [f"I-{pos}"] * (len(parts) - 1)
                 return words, tags
     return None
 
@@ -68,8 +83,9 @@ def wordnet_pos_splits(root: str | None = None, *, limit: int | None = None) -> 
             tagged = tag_example(example, synset, root=root)
             if tagged is None or not MIN_WORDS <= len(tagged[0]) <= MAX_WORDS:
                 continue
-            out[synset_split(synset)].append(TaggedSentence(tuple(tagged[0]), tuple(tagged[1]),
-                                                            f"{synset.pos}{synset.offset:08d}"))
+            out[synset_split(synset)].append(
+                TaggedSentence(tuple(tagged[0]), tuple(tagged[1]), f"{synset.pos}{synset.offset:08d}")
+            )
             count += 1
             if limit is not None and count >= limit:
                 return out

@@ -21,6 +21,7 @@ target}``) and word vectors in GloVe's text format (``glm data vectors``). Outpu
 - ``validation-pairs.jsonl``: the held-out pairs' raw text in shard order (BLEU's references);
 - ``manifest.json``, written last.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,8 +68,10 @@ def read_pairs(path: Path) -> Iterator[dict]:
             except ValueError:
                 row = None
             if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("id", "source", "target")):
-                raise PipelineError(f"{path}:{number}: not a translation pair (a JSON object with string id, source "
-                                    f"and target); write pair files with glm data gettext")
+                raise PipelineError(
+                    f"{path}:{number}: not a translation pair (a JSON object with string id, source "
+                    f"and target); write pair files with glm data gettext"
+                )
             yield row
 
 
@@ -91,9 +94,15 @@ def source_tokenizer(words: list[str], vocab_size: int) -> tuple[Tokenizer, np.n
 
 def _tokenizer_entry(tok: Tokenizer, file: str) -> dict:
     ids = special_ids(tok, PROFILE)
-    return {"file": file, "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(), "profile": PROFILE,
-            "kind": PROFILES[PROFILE].kind, "vocab_size": tok.get_vocab_size(), "eot_id": ids["eot"],
-            "special_ids": ids}
+    return {
+        "file": file,
+        "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+        "profile": PROFILE,
+        "kind": PROFILES[PROFILE].kind,
+        "vocab_size": tok.get_vocab_size(),
+        "eot_id": ids["eot"],
+        "special_ids": ids,
+    }
 
 
 def _labelled_ids(path: Path, n: int) -> set[str] | None:
@@ -111,19 +120,26 @@ def prepare_pairs(spec: PairSpec) -> dict:
         return json.loads((out / "manifest.json").read_text())
     folder = Path(spec.source)
     if not (folder / "train.jsonl").is_file():
-        raise PipelineError(f"data.source={spec.source!r} holds no train.jsonl: point it at a pair folder "
-                            f"(glm data gettext --out DIR)")
+        raise PipelineError(
+            f"data.source={spec.source!r} holds no train.jsonl: point it at a pair folder (glm data gettext --out DIR)"
+        )
     if not spec.vectors:
-        raise PipelineError("data.vectors is not set: a translation pair set's source vocabulary and inputs are "
-                            "GloVe vectors (glm data vectors --out FILE)")
+        raise PipelineError(
+            "data.vectors is not set: a translation pair set's source vocabulary and inputs are "
+            "GloVe vectors (glm data vectors --out FILE)"
+        )
     words, vectors = read_text(spec.vectors, max_words=spec.vocab_size + 1000)
     src, rows = source_tokenizer(words, spec.vocab_size)
     table = np.zeros((src.get_vocab_size(), vectors.shape[1]), dtype=np.float32)
-    table[len(PROFILES[PROFILE].specials):] = vectors[rows]
+    table[len(PROFILES[PROFILE].specials) :] = vectors[rows]
     labelled = _labelled_ids(folder / "train.jsonl", spec.labelled_pairs)  # None: all
-    tgt = train_tokenizer(PROFILE, (r["target"] for r in read_pairs(folder / "train.jsonl")
-                                    if labelled is None or r["id"] in labelled),  # no unlabelled pair's target
-                          vocab_size=spec.target_vocab_size)
+    tgt = train_tokenizer(
+        PROFILE,
+        (
+            r["target"] for r in read_pairs(folder / "train.jsonl") if labelled is None or r["id"] in labelled
+        ),  # no unlabelled pair's target
+        vocab_size=spec.target_vocab_size,
+    )
     if special_ids(tgt, PROFILE)["all_specials"] != special_ids(src, PROFILE)["all_specials"]:
         raise PipelineError("the source and target tokenizers disagree on the special ids")
     out.mkdir(parents=True, exist_ok=True)
@@ -147,37 +163,52 @@ def prepare_pairs(spec: PairSpec) -> dict:
             if source_only:
                 t = []
             tokens = np.zeros(len(s) + len(t), dtype=PAIR_TOKEN)
-            tokens["token"], tokens["side"][len(s):] = s + t, TARGET
+            tokens["token"], tokens["side"][len(s) :] = s + t, TARGET
             counts["unknown_source"] += s.count(src.token_to_id("<unk>"))
             counts["source_tokens"] += len(s)
             (unlabelled if source_only else writer).write(
-                hashlib.sha1(row["id"].encode()).hexdigest()[:16], tokens,
-                {"id": row["id"], "n_bytes": len(row["source" if source_only else "target"].encode())})
+                hashlib.sha1(row["id"].encode()).hexdigest()[:16],
+                tokens,
+                {"id": row["id"], "n_bytes": len(row["source" if source_only else "target"].encode())},
+            )
             if split == "validation":
                 references.append({"id": row["id"], "source": row["source"], "target": row["target"]})
         shards[split] = [vars(i) for i in writer.close() if i.num_samples]
         counts[split] = sum(i["num_samples"] for i in shards[split])
         if split == "validation":
-            write_bytes(str(out / "validation-pairs.jsonl"),
-                        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in references).encode())
+            write_bytes(
+                str(out / "validation-pairs.jsonl"),
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in references).encode(),
+            )
     if unlabelled is not None:
         shards["unlabelled"] = [vars(i) for i in unlabelled.close() if i.num_samples]
         counts["unlabelled"] = sum(i["num_samples"] for i in shards["unlabelled"])
         if not shards["unlabelled"]:
-            raise PipelineError(f"data.labelled_pairs={spec.labelled_pairs} keeps every training pair labelled: "
-                                f"set it below the {counts['train']} pairs of {folder / 'train.jsonl'}")
+            raise PipelineError(
+                f"data.labelled_pairs={spec.labelled_pairs} keeps every training pair labelled: "
+                f"set it below the {counts['train']} pairs of {folder / 'train.jsonl'}"
+            )
     manifest = {
-        "format": FORMAT, "index_format": INDEX_FORMAT,
+        "format": FORMAT,
+        "index_format": INDEX_FORMAT,
         "tokenizer": _tokenizer_entry(src, "tokenizer.json"),
         "target_tokenizer": _tokenizer_entry(tgt, "target-tokenizer.json"),
-        "source_vectors": {"file": "source_vectors.npy", "rows": int(table.shape[0]), "dim": int(table.shape[1]),
-                           "vectors": spec.vectors},
+        "source_vectors": {
+            "file": "source_vectors.npy",
+            "rows": int(table.shape[0]),
+            "dim": int(table.shape[1]),
+            "vectors": spec.vectors,
+        },
         "references": "validation-pairs.jsonl",
         "splits": shards,
-        "source": {"spec": spec.source, "documents": counts["train"] + counts["validation"] + counts["unlabelled"],
-                   "labelled_pairs": counts["train"], "unlabelled_sources": counts["unlabelled"],
-                   "skipped": dict(skipped),
-                   "source_unknown_rate": counts["unknown_source"] / max(counts["source_tokens"], 1)},
+        "source": {
+            "spec": spec.source,
+            "documents": counts["train"] + counts["validation"] + counts["unlabelled"],
+            "labelled_pairs": counts["train"],
+            "unlabelled_sources": counts["unlabelled"],
+            "skipped": dict(skipped),
+            "source_unknown_rate": counts["unknown_source"] / max(counts["source_tokens"], 1),
+        },
     }
     write_manifest(str(out), manifest)
     return manifest

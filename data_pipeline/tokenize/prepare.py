@@ -12,6 +12,7 @@ through that run's manifest, never a listing: what a crashed or unfinished run l
 The output may be an object store (``s3://...``): every file appears whole (writers/shards.py), and
 the token set becomes visible through its manifest, written last.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -62,8 +63,9 @@ class ShardSpec:
     max_record_mb: float = 10.0  # a larger JSON line or text file is skipped and counted (record_too_large)
 
 
-def read_documents(source: str, *, text_field: str = "text", max_record_mb: float = 10.0,
-                   skipped: Counter | None = None) -> Iterator[dict]:
+def read_documents(
+    source: str, *, text_field: str = "text", max_record_mb: float = 10.0, skipped: Counter | None = None
+) -> Iterator[dict]:
     """Documents from a named source (``embedded``, ``manpages``, ``wordnet``: data_pipeline/sources.py)
     or from JSONL (.gz/.zst/...) / text files matching a path, glob or fsspec URL, read by the crawl
     pipeline's readers: a malformed line, a record without a string text field, one over
@@ -98,8 +100,9 @@ def _source_urls(source: str) -> list[str]:
     return sorted(files)
 
 
-def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Counter | None,
-               root: str) -> Iterator[dict]:
+def _read_file(
+    url: str, *, text_field: str, max_record_mb: float, skipped: Counter | None, root: str
+) -> Iterator[dict]:
     """The documents of one file (``.json`` in the name: JSONL, else one text document) as
     ``{"id", "place", "text"}``. ``place`` is where the document is -- ``PATH:LINE`` for JSONL,
     ``PATH`` for text, with PATH relative to ``root`` (the source's folder, :func:`source_root`) --
@@ -128,7 +131,7 @@ def _read_file(url: str, *, text_field: str, max_record_mb: float, skipped: Coun
 
 def _relative(path: str, root: str) -> str:
     root = root.rstrip("/")
-    return path[len(root) + 1:] if root and path.startswith(root + "/") else posixpath.basename(path)
+    return path[len(root) + 1 :] if root and path.startswith(root + "/") else posixpath.basename(path)
 
 
 def source_root(source: str) -> str:
@@ -139,7 +142,7 @@ def source_root(source: str) -> str:
     path = fsspec.core.url_to_fs(source)[1]
     wild = re.search(r"[*?\[]", path)
     if wild:
-        return posixpath.dirname(path[:wild.start()])
+        return posixpath.dirname(path[: wild.start()])
     if posixpath.basename(path) == "manifest.json":
         return posixpath.dirname(path)
     fs = fsspec.core.url_to_fs(source, **storage_options(source))[0]
@@ -162,8 +165,12 @@ def _count_skips(url: str, stats: Stats, skipped: Counter) -> None:
     skipped.update(counts)
     if counts:
         first = stats.errors[0] if stats.errors else None
-        log.warning("%s: skipped %s%s", url, dict(counts),
-                    f"; first: {first['reason']} at {first['offset']}: {first['detail']}" if first else "")
+        log.warning(
+            "%s: skipped %s%s",
+            url,
+            dict(counts),
+            f"; first: {first['reason']} at {first['offset']}: {first['detail']}" if first else "",
+        )
 
 
 def _skip_key(reason: str) -> str:
@@ -237,8 +244,10 @@ def _load_tokenizer(url: str) -> Tokenizer:
     with open_url(url, "rb") as f:
         data = f.read(MAX_TOKENIZER_BYTES + 1)
     if len(data) > MAX_TOKENIZER_BYTES:
-        raise PipelineError(f"data.tokenizer={url!r} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, so not a "
-                            f"tokenizer.json; point data.tokenizer at one, or set data.tokenizer=train")
+        raise PipelineError(
+            f"data.tokenizer={url!r} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, so not a "
+            f"tokenizer.json; point data.tokenizer at one, or set data.tokenizer=train"
+        )
     return Tokenizer.from_str(data.decode("utf-8"))
 
 
@@ -246,8 +255,9 @@ def _training_texts(spec: ShardSpec, files: list[str]) -> Iterator[str]:
     budget = spec.tokenizer_train_chars
     root = files_root(spec)
     for name in files:
-        for doc in _read_file(name, text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=None,
-                              root=root):
+        for doc in _read_file(
+            name, text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=None, root=root
+        ):
             if not is_validation(doc["id"], spec.val_per_mille):
                 budget -= len(doc["text"])
                 yield doc["text"]
@@ -263,11 +273,18 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
         return json.loads(fs.read_text(marker))
     tok = Tokenizer.from_str(fs.read_text(f"{root}/tokenizer.json"))
     dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
-    writers = {s: ShardSetWriter(spec.out_dir, s, spec.shard_max_bytes, prefix=f"{s}-{task:05d}")
-               for s in ("train", "validation")}
+    writers = {
+        s: ShardSetWriter(spec.out_dir, s, spec.shard_max_bytes, prefix=f"{s}-{task:05d}")
+        for s in ("train", "validation")
+    }
     skipped: Counter = Counter()
-    docs = _read_file(files[task], text_field=spec.text_field, max_record_mb=spec.max_record_mb, skipped=skipped,
-                      root=files_root(spec))
+    docs = _read_file(
+        files[task],
+        text_field=spec.text_field,
+        max_record_mb=spec.max_record_mb,
+        skipped=skipped,
+        root=files_root(spec),
+    )
     documents = 0
     try:
         for batch in _batches(docs, ENCODE_BATCH, skipped):
@@ -275,8 +292,12 @@ def encode_task(spec: ShardSpec, files: list[str], task: int) -> dict:
                 split = "validation" if is_validation(doc["id"], spec.val_per_mille) else "train"
                 sentences = sentence_token_starts(sentence_char_starts(doc["text"]), enc.offsets)
                 meta = {"id": doc["id"], "n_bytes": len(doc["text"].encode())}
-                writers[split].write(hashlib.sha1(doc["place"].encode()).hexdigest()[:16],
-                                     np.asarray(enc.ids, dtype=dtype), meta, sentences=sentences)
+                writers[split].write(
+                    hashlib.sha1(doc["place"].encode()).hexdigest()[:16],
+                    np.asarray(enc.ids, dtype=dtype),
+                    meta,
+                    sentences=sentences,
+                )
                 documents += 1
         shards = {s: [vars(i) for i in w.close()] for s, w in writers.items()}
     except BaseException:
@@ -309,13 +330,25 @@ def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
     manifest = {
         "format": "glm-dist/tokenized-documents/v2",
         "index_format": INDEX_FORMAT,  # each shard's NAME.idx.json (writers/shards.py): random access
-        "tokenizer": {"file": "tokenizer.json", "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
-                      "profile": spec.profile, "kind": PROFILES[spec.profile].kind,
-                      "vocab_size": tok.get_vocab_size(), "eot_id": ids["eot"], "special_ids": ids},
-        "splits": {s: [info for r in results for info in r["shards"][s] if info["num_samples"]]
-                   for s in ("train", "validation")},
-        "source": {"spec": spec.source, "files": len(files), "documents": sum(r["documents"] for r in results),
-                   "skipped": dict(sum((Counter(r["skipped"]) for r in results), _named_source_skips(spec)))},
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+            "profile": spec.profile,
+            "kind": PROFILES[spec.profile].kind,
+            "vocab_size": tok.get_vocab_size(),
+            "eot_id": ids["eot"],
+            "special_ids": ids,
+        },
+        "splits": {
+            s: [info for r in results for info in r["shards"][s] if info["num_samples"]]
+            for s in ("train", "validation")
+        },
+        "source": {
+            "spec": spec.source,
+            "files": len(files),
+            "documents": sum(r["documents"] for r in results),
+            "skipped": dict(sum((Counter(r["skipped"]) for r in results), _named_source_skips(spec))),
+        },
     }
     write_manifest(spec.out_dir, manifest)
     return manifest
@@ -341,8 +374,9 @@ def prepare_shards(*, workers: int = 0, task: int | None = None, **kwargs) -> di
     tok = ensure_tokenizer(spec, files)
     if task is not None:
         if not 0 <= task < len(files):
-            raise ValueError(f"task {task} out of range: {spec.source!r} has {len(files)} input files "
-                             f"(tasks 0..{len(files) - 1})")
+            raise ValueError(
+                f"task {task} out of range: {spec.source!r} has {len(files)} input files (tasks 0..{len(files) - 1})"
+            )
         encode_task(spec, files, task)
         return None
     pending = [t for t in range(len(files)) if not fs.exists(f"{root}/.tasks/{t:05d}.json")]

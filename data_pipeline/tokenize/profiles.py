@@ -6,6 +6,7 @@ transformers' ``PreTrainedTokenizerFast`` loads). Special tokens take the first 
 listed (the reference vocabularies' order); T5's 100 sentinels take the top ids, ``<extra_id_0>``
 highest, counting down.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,33 +29,69 @@ class TokenizerProfile:
 
 PROFILES: dict[str, TokenizerProfile] = {
     "gpt2": TokenizerProfile(
-        "byte-bpe", ("<|endoftext|>",),
-        {"eot": "<|endoftext|>", "bos": "<|endoftext|>", "eos": "<|endoftext|>", "unk": "<|endoftext|>"}),
+        "byte-bpe",
+        ("<|endoftext|>",),
+        {"eot": "<|endoftext|>", "bos": "<|endoftext|>", "eos": "<|endoftext|>", "unk": "<|endoftext|>"},
+    ),
     "roberta": TokenizerProfile(  # fairseq's dictionary order
-        "byte-bpe", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
-        {"bos": "<s>", "cls": "<s>", "pad": "<pad>", "eos": "</s>", "sep": "</s>", "eot": "</s>",
-         "unk": "<unk>", "mask": "<mask>"},
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>"),
+        "byte-bpe",
+        ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
+        {
+            "bos": "<s>",
+            "cls": "<s>",
+            "pad": "<pad>",
+            "eos": "</s>",
+            "sep": "</s>",
+            "eot": "</s>",
+            "unk": "<unk>",
+            "mask": "<mask>",
+        },
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+    ),
     "bert": TokenizerProfile(
-        "wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+        "wordpiece",
+        ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
         {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "eot": "[SEP]", "mask": "[MASK]"},
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1"),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+    ),
     "albert": TokenizerProfile(
-        "unigram", ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"),
+        "unigram",
+        ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"),
         {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "eot": "[SEP]", "mask": "[MASK]"},
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1"),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+    ),
     "t5": TokenizerProfile(
-        "unigram", ("<pad>", "</s>", "<unk>"),
+        "unigram",
+        ("<pad>", "</s>", "<unk>"),
         {"pad": "<pad>", "eos": "</s>", "eot": "</s>", "unk": "<unk>"},
-        sentinels=100, single="$A </s>", pair="$A </s> $B </s>"),
+        sentinels=100,
+        single="$A </s>",
+        pair="$A </s> $B </s>",
+    ),
     "xlnet": TokenizerProfile(
-        "unigram", ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>"),
-        {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "cls": "<cls>", "sep": "<sep>", "pad": "<pad>",
-         "mask": "<mask>", "eot": "<eod>"},
-        single="$A <sep> <cls>", pair="$A <sep> $B:1 <sep>:1 <cls>:2"),
+        "unigram",
+        ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>"),
+        {
+            "unk": "<unk>",
+            "bos": "<s>",
+            "eos": "</s>",
+            "cls": "<cls>",
+            "sep": "<sep>",
+            "pad": "<pad>",
+            "mask": "<mask>",
+            "eot": "<eod>",
+        },
+        single="$A <sep> <cls>",
+        pair="$A <sep> $B:1 <sep>:1 <cls>:2",
+    ),
     "word": TokenizerProfile(  # the most frequent words (data_pipeline/tokenize/word.py)
-        "wordlevel", ("<pad>", "<unk>", "<bos>", "<eos>"),
-        {"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>", "eot": "<eos>"}),
+        "wordlevel",
+        ("<pad>", "<unk>", "<bos>", "<eos>"),
+        {"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>", "eot": "<eos>"},
+    ),
 }
 
 
@@ -72,22 +109,29 @@ def train_tokenizer(profile_name: str, texts: Iterable[str], *, vocab_size: int,
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=size, min_frequency=min_frequency, special_tokens=list(p.specials),
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=size,
+            min_frequency=min_frequency,
+            special_tokens=list(p.specials),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
     elif p.kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token=p.roles["unk"]))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=min_frequency,
-                                            special_tokens=list(p.specials), show_progress=False)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=size, min_frequency=min_frequency, special_tokens=list(p.specials), show_progress=False
+        )
     elif p.kind == "unigram":
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=size, special_tokens=list(p.specials), unk_token=p.roles["unk"],
-                                          show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=size, special_tokens=list(p.specials), unk_token=p.roles["unk"], show_progress=False
+        )
     elif p.kind == "wordlevel":
         tok, trainer = word_level(p.specials, unk=p.roles["unk"], vocab_size=size, min_frequency=min_frequency)
     else:
@@ -98,7 +142,8 @@ def train_tokenizer(profile_name: str, texts: Iterable[str], *, vocab_size: int,
     if p.single:
         specials = sorted({t for t in p.specials if t in (p.single + " " + (p.pair or ""))})
         tok.post_processor = processors.TemplateProcessing(
-            single=p.single, pair=p.pair, special_tokens=[(t, tok.token_to_id(t)) for t in specials])
+            single=p.single, pair=p.pair, special_tokens=[(t, tok.token_to_id(t)) for t in specials]
+        )
     return tok
 
 

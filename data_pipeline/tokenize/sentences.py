@@ -1,5 +1,6 @@
 """Sentence boundaries, stored with each tokenized document (NSP/SOP pairs, FULL-SENTENCES packing,
 BART's sentence permutation)."""
+
 from __future__ import annotations
 
 import re

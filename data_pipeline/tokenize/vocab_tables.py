@@ -1,5 +1,6 @@
 """Per-token tables derived from a tokenizer: UTF-8 byte lengths (bits per byte) and word starts
 (whole-word masking), for the four tokenizer kinds."""
+
 from __future__ import annotations
 
 import json

@@ -11,6 +11,7 @@ between begin-of-word and end-of-word marks, padded -- over a fixed vocabulary o
 257/258 spell the sentence marks ``<bos>``/``<eos>``, 259/260 begin and end a word, 261 pads a word.
 The table is computed at load time from the token strings (:func:`char_table`), never stored.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -27,14 +28,16 @@ def _normalizer() -> normalizers.Normalizer:
     return normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
 
 
-def word_level(specials: Sequence[str], *, unk: str, vocab_size: int,
-               min_frequency: int = 2) -> tuple[Tokenizer, trainers.WordLevelTrainer]:
+def word_level(
+    specials: Sequence[str], *, unk: str, vocab_size: int, min_frequency: int = 2
+) -> tuple[Tokenizer, trainers.WordLevelTrainer]:
     """An untrained WordLevel tokenizer and its trainer (the ``word`` profile's kind)."""
     tok = Tokenizer(models.WordLevel(unk_token=unk))
     tok.normalizer = _normalizer()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()  # \w+ | [^\w\s]+
-    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                        special_tokens=list(specials), show_progress=False)
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(specials), show_progress=False
+    )
     return tok, trainer
 
 
@@ -45,9 +48,9 @@ def split_words(text: str) -> list[str]:
 
 def word_chars(word: str, *, max_chars: int = MAX_CHARS) -> np.ndarray:
     """(max_chars,) character ids of one word: begin-of-word, its UTF-8 bytes (cut to fit), end-of-word."""
-    body = [b + 1 for b in word.encode("utf-8")[:max_chars - 2]]
+    body = [b + 1 for b in word.encode("utf-8")[: max_chars - 2]]
     out = np.full(max_chars, PAD_CHAR, dtype=np.int16)
-    out[:len(body) + 2] = [BOW_CHAR, *body, EOW_CHAR]
+    out[: len(body) + 2] = [BOW_CHAR, *body, EOW_CHAR]
     return out
 
 
@@ -58,12 +61,16 @@ def mark_chars(mark: int, *, max_chars: int = MAX_CHARS) -> np.ndarray:
     return out
 
 
-def char_table(words: Sequence[str], *, pad: int | None, bos: int | None, eos: int | None,
-               max_chars: int = MAX_CHARS) -> np.ndarray:
+def char_table(
+    words: Sequence[str], *, pad: int | None, bos: int | None, eos: int | None, max_chars: int = MAX_CHARS
+) -> np.ndarray:
     """(vocab, max_chars) int16 character ids of every token id: the padding token all zeros, the
     sentence marks ELMo's special words, every other token spelled."""
-    table = np.stack([word_chars(w, max_chars=max_chars) for w in words]) if words else \
-        np.zeros((0, max_chars), dtype=np.int16)
+    table = (
+        np.stack([word_chars(w, max_chars=max_chars) for w in words])
+        if words
+        else np.zeros((0, max_chars), dtype=np.int16)
+    )
     for idx, mark in ((bos, BOS_CHAR), (eos, EOS_CHAR)):
         if idx is not None:
             table[idx] = mark_chars(mark, max_chars=max_chars)

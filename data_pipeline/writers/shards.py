@@ -12,6 +12,7 @@ completes -- no copy-and-delete rename); ``manifest.json`` is written last and i
 marker of the set: readers find the shards through it, never through a listing. The shards stay
 plain webdataset tars.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,14 @@ class ShardIndex:
     sentence_lengths: list[list[int]] = field(default_factory=list)
     members: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # ext -> offset / size (/ header)
 
-    def add(self, key: str, tokens: np.ndarray, sentences: np.ndarray | None,
-            layout: dict[str, tuple[int, int]], header: int) -> None:
+    def add(
+        self,
+        key: str,
+        tokens: np.ndarray,
+        sentences: np.ndarray | None,
+        layout: dict[str, tuple[int, int]],
+        header: int,
+    ) -> None:
         """One document: its arrays and ``layout`` = ext -> (data offset in the tar, size)."""
         descr = np.lib.format.dtype_to_descr(tokens.dtype)
         if self.dtype is None:
@@ -84,10 +91,20 @@ class ShardIndex:
         self.members["tokens.npy"].setdefault("header", []).append(int(header))
 
     def to_json(self, tar_bytes: int) -> bytes:
-        return json.dumps({"format": INDEX_FORMAT, "shard": self.shard, "tar_bytes": int(tar_bytes),
-                           "dtype": self.dtype, "docs": len(self.keys), "keys": self.keys,
-                           "num_tokens": self.num_tokens, "sentence_lengths": self.sentence_lengths,
-                           "members": self.members}, separators=(",", ":")).encode()
+        return json.dumps(
+            {
+                "format": INDEX_FORMAT,
+                "shard": self.shard,
+                "tar_bytes": int(tar_bytes),
+                "dtype": self.dtype,
+                "docs": len(self.keys),
+                "keys": self.keys,
+                "num_tokens": self.num_tokens,
+                "sentence_lengths": self.sentence_lengths,
+                "members": self.members,
+            },
+            separators=(",", ":"),
+        ).encode()
 
 
 def sentence_lengths(starts: np.ndarray | None, n: int) -> list[int]:
@@ -125,8 +142,9 @@ class ShardSetWriter:
             sample["sentences.npy"] = _npy(sentences)
         start = self._writer.tarstream.offset
         self._writer.write(sample)
-        self._index.add(key, tokens, sentences, self._layout(sample, start),
-                        _npy_header_bytes(sample["tokens.npy"], tokens))
+        self._index.add(
+            key, tokens, sentences, self._layout(sample, start), _npy_header_bytes(sample["tokens.npy"], tokens)
+        )
         payload = sample["tokens.npy"]
         info = self.shards[-1]
         info.num_samples += 1
@@ -143,8 +161,10 @@ class ShardSetWriter:
             layout[ext] = (pos + TAR_BLOCK, size)
             pos += TAR_BLOCK + _padded(size)
         if pos != self._writer.tarstream.offset:
-            raise RuntimeError(f"unexpected tar layout writing {sample['__key__']}: members end at "
-                               f"{self._writer.tarstream.offset}, computed {pos}")
+            raise RuntimeError(
+                f"unexpected tar layout writing {sample['__key__']}: members end at "
+                f"{self._writer.tarstream.offset}, computed {pos}"
+            )
         return layout
 
     def close(self) -> list[ShardInfo]:

@@ -6,6 +6,7 @@ files) are verified and read; the optimizer moments are not touched.
 The model config in meta.json is data like the rest: it is checked as a user's config is
 (``saved_model_config``) before anything is built from it, and every tensor is allocated only in
 the shape that model has."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,10 +47,12 @@ def consolidated_state_dict(path: str | Path | Storage) -> tuple[dict[str, torch
         for name in index.names(kind):
             want = expected.get(name)
             if want is None or tuple(want.shape) != index.shape(name, kind):
-                raise CheckpointError(f"checkpoint {ckpt} holds {name} ({kind}) of shape "
-                                      f"{list(index.shape(name, kind))}, which its {meta['model_family']} model "
-                                      + ("does not have" if want is None else f"has as {list(want.shape)}")
-                                      + "; the checkpoint is corrupt or was edited")
+                raise CheckpointError(
+                    f"checkpoint {ckpt} holds {name} ({kind}) of shape "
+                    f"{list(index.shape(name, kind))}, which its {meta['model_family']} model "
+                    + ("does not have" if want is None else f"has as {list(want.shape)}")
+                    + "; the checkpoint is corrupt or was edited"
+                )
     sd = {name: index.whole(name, "fp32", torch.float32) for name in index.names("fp32")}
     sd.update({name: index.whole(name, "buffer", expected[name].dtype) for name in index.names("buffer")})
     return _with_tied(sd, model), meta
@@ -64,8 +67,10 @@ def saved_model(meta: dict, ckpt: Storage | str) -> tuple[Any, nn.Module]:
     where = f"{ckpt}/meta.json"
     name, fields = meta.get("model_family"), meta.get("model_config")
     if not isinstance(name, str) or name not in FAMILIES:
-        raise CheckpointError(f"{where}: model_family {str(name)[:80]!r} is not a model family of this glm-dist "
-                              f"({', '.join(FAMILIES)}); the checkpoint is corrupt or from another program")
+        raise CheckpointError(
+            f"{where}: model_family {str(name)[:80]!r} is not a model family of this glm-dist "
+            f"({', '.join(FAMILIES)}); the checkpoint is corrupt or from another program"
+        )
     if not isinstance(fields, dict):
         raise CheckpointError(f"{where}: no model_config; the checkpoint is corrupt")
     _check_fields(name, fields, where)
@@ -75,12 +80,16 @@ def saved_model(meta: dict, ckpt: Storage | str) -> tuple[Any, nn.Module]:
             cfg = model_config_from_dict(name, fields)
             model = build_model(name, cfg)
         except (ValueError, TypeError, KeyError, IndexError, RuntimeError, AssertionError, ZeroDivisionError) as err:
-            raise CheckpointError(f"{where}: its {name} model cannot be built ({type(err).__name__}: "
-                                  f"{str(err)[:200]}); the checkpoint is corrupt") from None
+            raise CheckpointError(
+                f"{where}: its {name} model cannot be built ({type(err).__name__}: "
+                f"{str(err)[:200]}); the checkpoint is corrupt"
+            ) from None
     params = sum(p.numel() for p in model.parameters())
     if params > MAX_PARAMS:
-        raise CheckpointError(f"{where}: its {name} model has {params:.3g} parameters, more than the largest the plan "
-                              f"publishes ({MAX_PARAMS:.3g}); the checkpoint is corrupt or crafted")
+        raise CheckpointError(
+            f"{where}: its {name} model has {params:.3g} parameters, more than the largest the plan "
+            f"publishes ({MAX_PARAMS:.3g}); the checkpoint is corrupt or crafted"
+        )
     return cfg, model
 
 
@@ -93,14 +102,22 @@ def _check_fields(name: str, fields: dict, where: str) -> None:
     """Every field one of the family's config, of its type; none missing that has no default."""
     declared = {f.name: f for f in dataclasses.fields(type(next(iter(FAMILIES[name].flavors.values())).cfg))}
     for key, value in fields.items():
-        if key not in declared or not _fits(value, _annotation(declared[key].type)) \
-                or (key.startswith("n_") and isinstance(value, int) and value > MAX_COUNT):
-            raise CheckpointError(f"{where}: model_config.{str(key)[:80]}={str(value)[:80]} is not a {name} config "
-                                  f"field of type {declared[key].type if key in declared else '(none)'} (integers "
-                                  f"within +-{MAX_INT}, counts up to {MAX_COUNT}); the "
-                                  f"checkpoint is corrupt or from another program")
-    missing = [k for k, f in declared.items() if k not in fields
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if (
+            key not in declared
+            or not _fits(value, _annotation(declared[key].type))
+            or (key.startswith("n_") and isinstance(value, int) and value > MAX_COUNT)
+        ):
+            raise CheckpointError(
+                f"{where}: model_config.{str(key)[:80]}={str(value)[:80]} is not a {name} config "
+                f"field of type {declared[key].type if key in declared else '(none)'} (integers "
+                f"within +-{MAX_INT}, counts up to {MAX_COUNT}); the "
+                f"checkpoint is corrupt or from another program"
+            )
+    missing = [
+        k
+        for k, f in declared.items()
+        if k not in fields and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise CheckpointError(f"{where}: model_config lacks {', '.join(missing)}; the checkpoint is corrupt")
 
@@ -118,9 +135,14 @@ def _fits(value: Any, annotation: str) -> bool:
     if isinstance(value, str):
         return "str" in kinds and len(value) <= 64
     if isinstance(value, list):
-        return "tuple" in kinds and len(value) <= MAX_LIST and all(
-            _fits(v, "int") or (isinstance(v, list) and len(v) <= MAX_LIST and all(_fits(x, "int") for x in v))
-            for v in value)
+        return (
+            "tuple" in kinds
+            and len(value) <= MAX_LIST
+            and all(
+                _fits(v, "int") or (isinstance(v, list) and len(v) <= MAX_LIST and all(_fits(x, "int") for x in v))
+                for v in value
+            )
+        )
     return False
 
 
@@ -135,8 +157,9 @@ def _check_like_a_user_config(name: str, fields: dict, where: str) -> None:
         raise CheckpointError(f"the checkpoint's model config is unusable: {err}") from None
     d_model, n_head = fields.get("d_model"), fields.get("n_head")
     if isinstance(d_model, int) and isinstance(n_head, int) and d_model % n_head:
-        raise CheckpointError(f"{where}: model_config.n_head={n_head} does not divide d_model={d_model}; the "
-                              f"checkpoint is corrupt")
+        raise CheckpointError(
+            f"{where}: model_config.n_head={n_head} does not divide d_model={d_model}; the checkpoint is corrupt"
+        )
 
 
 def _with_tied(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -159,8 +182,9 @@ def checkpoint_tokenizer(path: str | Path | Storage):
     try:
         return Tokenizer.from_str(text.decode("utf-8"))
     except Exception as err:  # tokenizers raises its own Exception subclass for a malformed file
-        raise CheckpointError(f"checkpoint file {ckpt}/tokenizer.json is corrupt ({str(err)[:200]}); use an earlier "
-                              f"checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint file {ckpt}/tokenizer.json is corrupt ({str(err)[:200]}); use an earlier checkpoint"
+        ) from None
 
 
 def saved_layout(meta: dict) -> dict:

@@ -8,6 +8,7 @@ shard (no tensor-parallel slicing, offset 0) and the run state as it was; the re
 layout, exports and evaluates like any format-3 checkpoint. The ``.pt`` files are read
 weights-only (``load_tensors``): no pickled code runs. DeepSpeed's own files are not needed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,7 @@ import torch
 from glm_common.storage import Storage
 from glm_dist.checkpoint import tensorfile
 from glm_dist.checkpoint.errors import checkpoint_storage
-from glm_dist.checkpoint.files import (FORMAT, MAX_JSON_BYTES, CheckpointError, corrupt, load_tensors,
-                                       parse_json)
+from glm_dist.checkpoint.files import FORMAT, MAX_JSON_BYTES, CheckpointError, corrupt, load_tensors, parse_json
 from glm_dist.checkpoint.shards import Shard, data_file, index_file
 from glm_dist.checkpoint.writer import hash_file
 
@@ -39,8 +39,10 @@ def convert(src: str | Path, out: str | Path) -> dict:
     uni = src / UNIVERSAL
     parts = sorted(uni.glob("index-*.json")) if uni.is_dir() else []
     if not parts:
-        raise CheckpointError(f"{src} was saved without its universal form (train.universal_checkpoint=false): "
-                              f"only DeepSpeed's own files are there; export it with glm-dist at commit 75b9408")
+        raise CheckpointError(
+            f"{src} was saved without its universal form (train.universal_checkpoint=false): "
+            f"only DeepSpeed's own files are there; export it with glm-dist at commit 75b9408"
+        )
     shapes, moments, step = {}, [], None
     for part in parts:
         index = parse_json(part.read_bytes()[:MAX_JSON_BYTES], str(part))
@@ -71,13 +73,22 @@ def convert(src: str | Path, out: str | Path) -> dict:
     for rel in tmp.walk():
         entries.setdefault(rel, hash_file(tmp, rel))
     record = {k: v for k, v in meta.items() if k not in ("files", "format")}
-    record.update(format=FORMAT, saved_at=meta.get("saved_at", time.time()), converted_from=str(src),
-                  files=dict(sorted(entries.items())))
+    record.update(
+        format=FORMAT,
+        saved_at=meta.get("saved_at", time.time()),
+        converted_from=str(src),
+        files=dict(sorted(entries.items())),
+    )
     tmp.write_bytes("meta.json", json.dumps(record, indent=1).encode())  # last: the commit record
     tmp.fsync_tree()
     checkpoint_storage(out.parent).rename(tmp.name, out.name)
-    return {"out": str(out), "step": record.get("step"), "parameters": len(shapes),
-            "elements": sum(int(torch.Size(s).numel()) for s in shapes.values()), "moments": moments}
+    return {
+        "out": str(out),
+        "step": record.get("step"),
+        "parameters": len(shapes),
+        "elements": sum(int(torch.Size(s).numel()) for s in shapes.values()),
+        "moments": moments,
+    }
 
 
 def _whole(name: str, kind: str, value: torch.Tensor, shards: list) -> tuple[str, torch.Tensor]:
@@ -94,20 +105,24 @@ def _verified_meta(src: Path) -> dict:
         raise CheckpointError(f"{src} is not a complete checkpoint (no meta.json)")
     meta = parse_json(path.read_bytes()[:MAX_JSON_BYTES], str(path))
     if not isinstance(meta, dict) or meta.get("format") != OLD_FORMAT:
-        raise CheckpointError(f"{src} has format {meta.get('format') if isinstance(meta, dict) else '?'}; "
-                              f"glm checkpoint convert reads format {OLD_FORMAT}")
+        raise CheckpointError(
+            f"{src} has format {meta.get('format') if isinstance(meta, dict) else '?'}; "
+            f"glm checkpoint convert reads format {OLD_FORMAT}"
+        )
     for rel, entry in sorted(meta.get("files", {}).items()):
         f = src / rel
         if not f.is_file() or f.stat().st_size != entry["size"]:
-            raise CheckpointError(f"checkpoint file {f} is missing or is not {entry['size']} bytes; use an earlier "
-                                  f"checkpoint")
+            raise CheckpointError(
+                f"checkpoint file {f} is missing or is not {entry['size']} bytes; use an earlier checkpoint"
+            )
         digest = hashlib.sha256()
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 24), b""):
                 digest.update(block)
         if digest.hexdigest() != entry["sha256"]:
-            raise CheckpointError(f"checkpoint file {f} does not match its SHA-256 in meta.json; use an earlier "
-                                  f"checkpoint")
+            raise CheckpointError(
+                f"checkpoint file {f} does not match its SHA-256 in meta.json; use an earlier checkpoint"
+            )
     return meta
 
 
@@ -117,11 +132,15 @@ def _copy_state(src: Path, tmp: Storage, step, moments: list[str], meta: dict) -
     client = parse_json((src / "client_state.json").read_bytes()[:MAX_JSON_BYTES], f"{src}/client_state.json")
     train = client.get("train_state", {})
     cfg = meta.get("config", {}).get("train", {})
-    batch = cfg.get("global_batch_size") or (cfg.get("micro_batch_size", 0) * cfg.get("grad_accum_steps", 1)
-                                             * meta.get("layout", {}).get("data", 1))
+    batch = cfg.get("global_batch_size") or (
+        cfg.get("micro_batch_size", 0) * cfg.get("grad_accum_steps", 1) * meta.get("layout", {}).get("data", 1)
+    )
     client["optimizer"] = {"moments": moments, "step": step, "step_tensor": True}
-    client["engine"] = {"global_steps": train.get("step", 0) - train.get("skipped_steps", 0),
-                        "global_samples": train.get("step", 0) * batch, "skipped_steps": train.get("skipped_steps", 0)}
+    client["engine"] = {
+        "global_steps": train.get("step", 0) - train.get("skipped_steps", 0),
+        "global_samples": train.get("step", 0) * batch,
+        "skipped_steps": train.get("skipped_steps", 0),
+    }
     tmp.write_bytes("client_state.json", json.dumps(client).encode())
     if (src / "tokenizer.json").is_file():
         tmp.write_bytes("tokenizer.json", (src / "tokenizer.json").read_bytes())

@@ -1,6 +1,7 @@
 """The error for a checkpoint that cannot be used, raised by the format and by the storage that
 holds it: :func:`checkpoint_storage` opens a folder or URL so that what the storage refuses (a
 missing or oversized file, a name leading out of the folder, a FIFO) is a ``CheckpointError``."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,6 +11,7 @@
   (not an attack -- whoever can edit the folder can edit meta.json; reading only data is the
   security boundary).
 """
+
 from __future__ import annotations
 
 import base64
@@ -56,14 +57,25 @@ def enforce_weights_only() -> None:
     torch.serialization.add_safe_globals([LossScaler, ZeroStageEnum, fragment_address])
 
 
-LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError,
-               AttributeError, TypeError, KeyError, IndexError)
+LOAD_ERRORS = (
+    pickle.UnpicklingError,
+    RuntimeError,
+    EOFError,
+    zipfile.BadZipFile,
+    OSError,
+    ValueError,
+    AttributeError,
+    TypeError,
+    KeyError,
+    IndexError,
+)
 
 
 def corrupt(path: str | Path, err: BaseException | str) -> CheckpointError:
     reason = err if isinstance(err, str) else f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    return CheckpointError(f"checkpoint file {path} is corrupt or not a weights file ({reason}); "
-                           f"use an earlier checkpoint")
+    return CheckpointError(
+        f"checkpoint file {path} is corrupt or not a weights file ({reason}); use an earlier checkpoint"
+    )
 
 
 def load_tensors(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
@@ -118,8 +130,10 @@ def entry_of(data: bytes) -> dict:
 def read_meta(ckpt: Storage) -> dict:
     """``meta.json`` of a checkpoint folder, with its format checked."""
     if not ckpt.exists("meta.json"):
-        raise CheckpointError(f"{ckpt} is not a complete checkpoint (no meta.json): a save was interrupted or "
-                              f"this is not a checkpoint directory")
+        raise CheckpointError(
+            f"{ckpt} is not a complete checkpoint (no meta.json): a save was interrupted or "
+            f"this is not a checkpoint directory"
+        )
     meta = parse_json(ckpt.read("meta.json", max_bytes=MAX_JSON_BYTES), f"{ckpt}/meta.json")
     if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
         raise corrupt(f"{ckpt}/meta.json", "no file list")
@@ -128,15 +142,19 @@ def read_meta(ckpt: Storage) -> dict:
         if reason:
             raise corrupt(f"{ckpt}/meta.json", f"file {rel[:200]!r}: {reason}")
     if meta.get("format") == 2:
-        raise CheckpointError(f"checkpoint {ckpt} has format 2 (DeepSpeed's own files + a universal/ folder of "
-                              f"pickled tensors); this glm-dist reads format {FORMAT} (sharded safetensors with "
-                              f"global offsets): convert it with "
-                              f"`glm checkpoint convert --checkpoint {ckpt} --out NEW_DIR` "
-                              f"and use NEW_DIR")
+        raise CheckpointError(
+            f"checkpoint {ckpt} has format 2 (DeepSpeed's own files + a universal/ folder of "
+            f"pickled tensors); this glm-dist reads format {FORMAT} (sharded safetensors with "
+            f"global offsets): convert it with "
+            f"`glm checkpoint convert --checkpoint {ckpt} --out NEW_DIR` "
+            f"and use NEW_DIR"
+        )
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {ckpt} has format {meta.get('format', 1)}, this glm-dist reads format "
-                              f"{FORMAT} (format 1 stored RNG and run state as pickles, which are never loaded); "
-                              f"start a new run, or export its weights with the release that wrote it")
+        raise CheckpointError(
+            f"checkpoint {ckpt} has format {meta.get('format', 1)}, this glm-dist reads format "
+            f"{FORMAT} (format 1 stored RNG and run state as pickles, which are never loaded); "
+            f"start a new run, or export its weights with the release that wrote it"
+        )
     return meta
 
 
@@ -150,6 +168,7 @@ def _bad_name(rel: str) -> str | None:
 
 def _bad_entry(entry) -> str | None:
     """Why a file's record ({"size", "block", "sha256"}) is malformed (None if it is not)."""
+
     def count(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -180,8 +199,7 @@ def _units(meta: dict, only) -> list[tuple[str, int, int, str]]:
     return units
 
 
-def verify(ckpt: Storage | str | Path, *, share: tuple[int, int] = (0, 1),
-           only=None) -> dict:
+def verify(ckpt: Storage | str | Path, *, share: tuple[int, int] = (0, 1), only=None) -> dict:
     """Check that ``ckpt`` (a folder, URL or ``Storage``) is a complete checkpoint: every listed
     file present at its size, and the SHA-256 of each piece meta.json records. ``share=(r, n)``:
     hash only the r-th of n equal shares of the bytes (ranks split the work; sizes are checked in
@@ -198,16 +216,20 @@ def verify(ckpt: Storage | str | Path, *, share: tuple[int, int] = (0, 1),
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {ckpt} is missing {rel}; use an earlier checkpoint") from None
         if size != entry["size"]:
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} is {size} bytes, expected {entry['size']} "
-                                  f"(truncated or overwritten); use an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint {ckpt}: {rel} is {size} bytes, expected {entry['size']} "
+                f"(truncated or overwritten); use an earlier checkpoint"
+            )
     total = sum(u[2] for u in units) or 1
     done = 0
     for rel, offset, length, digest in units:
         mine = done * share[1] // total == share[0]  # the share this piece starts in
         done += length
         if mine and _sha256(ckpt, rel, offset, length) != digest:
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} does not match its SHA-256 in meta.json (corrupt or "
-                                  f"modified); use an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint {ckpt}: {rel} does not match its SHA-256 in meta.json (corrupt or "
+                f"modified); use an earlier checkpoint"
+            )
     return meta
 
 
@@ -224,9 +246,11 @@ def rng_state(device: torch.device | None = None) -> dict:
     process sees fewer GPUs still works)."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(internal), gauss],
-             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-             "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
     if device is not None and device.type == "cuda":
         state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
     return state

@@ -14,6 +14,7 @@ bytes. Files, per rank ``r`` of the run that saved::
     shards/rank0000r.json                  index: every shard this rank wrote (JSON)
     shards/rank0000r.<kind>.safetensors    the shards of one kind, one tensor each
 """
+
 from __future__ import annotations
 
 import math
@@ -46,23 +47,36 @@ class Shard:
     length: int
 
     def to_json(self, key: str) -> dict:
-        return {"name": self.name, "kind": self.kind, "shape": list(self.shape),
-                "tp": list(self.tp) if self.tp else None, "offset": self.offset, "length": self.length, "key": key}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "shape": list(self.shape),
+            "tp": list(self.tp) if self.tp else None,
+            "offset": self.offset,
+            "length": self.length,
+            "key": key,
+        }
 
     @staticmethod
     def from_json(d: dict) -> tuple["Shard", str]:
         """A shard of an index file, checked as untrusted input: strict types, a known kind, a shape
         of at most ``tensorfile.MAX_NUMEL`` elements, and a range inside its tensor."""
         shape, tp = d["shape"], d["tp"]
-        if not (isinstance(d["name"], str) and isinstance(d["kind"], str) and isinstance(d["key"], str)
-                and tensorfile.counts(shape) and len(shape) <= tensorfile.MAX_DIMS
-                and (tp is None or (tensorfile.counts(tp) and len(tp) == 4 and tp[1] >= 1 and tp[2] < tp[3]))
-                and tensorfile.counts([d["offset"], d["length"]])):
+        if not (
+            isinstance(d["name"], str)
+            and isinstance(d["kind"], str)
+            and isinstance(d["key"], str)
+            and tensorfile.counts(shape)
+            and len(shape) <= tensorfile.MAX_DIMS
+            and (tp is None or (tensorfile.counts(tp) and len(tp) == 4 and tp[1] >= 1 and tp[2] < tp[3]))
+            and tensorfile.counts([d["offset"], d["length"]])
+        ):
             raise ValueError("a shard's name, kind, key, shape, tp, offset or length has the wrong type")
         if math.prod(shape) > tensorfile.MAX_NUMEL:
             raise ValueError(f"shard of {d['name'][:200]} has shape {shape}, more elements than any model holds")
-        shard = Shard(d["name"], d["kind"], tuple(shape), tuple(tp) if tp is not None else None, d["offset"],
-                      d["length"])
+        shard = Shard(
+            d["name"], d["kind"], tuple(shape), tuple(tp) if tp is not None else None, d["offset"], d["length"]
+        )
         if not KIND.match(shard.kind) or shard.offset + shard.length > math.prod(local_shape(shard.shape, shard.tp)):
             raise ValueError(f"shard {shard} lies outside its tensor")
         return shard, d["key"]
@@ -93,7 +107,7 @@ def _runs(shape: tuple[int, ...], tp: TP | None) -> tuple[np.ndarray, int]:
     if tp is None:
         return np.zeros(1, dtype=np.int64), numel
     dim, parts, rank, size = tp
-    outer, n, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    outer, n, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1 :])
     width = n // parts
     lo, hi = split_bounds(width, rank, size)
     o = np.arange(outer, dtype=np.int64)[:, None]
@@ -212,8 +226,10 @@ class ShardIndex:
         found = 0
         for have, rel, key in self.by_key.get((need.name, need.kind), []):
             if have.shape != need.shape:
-                raise CheckpointError(f"checkpoint {self.ckpt}: {need.name} has shape {list(have.shape)}, the model "
-                                      f"{list(need.shape)}; resume with the model config it was saved with")
+                raise CheckpointError(
+                    f"checkpoint {self.ckpt}: {need.name} has shape {list(have.shape)}, the model "
+                    f"{list(need.shape)}; resume with the model config it was saved with"
+                )
             dst, src, n = overlaps(need, have)
             if len(n):
                 entry = self.entry(rel, key)
@@ -221,9 +237,11 @@ class ShardIndex:
                 found += int(n.sum())
                 self._copy(rel, entry, dst, src, n, out)
         if found != need.length:
-            raise CheckpointError(f"checkpoint {self.ckpt} holds {found} of the {need.length} elements of "
-                                  f"{need.name} ({need.kind}) this rank needs; it does not match the model or its "
-                                  f"optimizer -- resume with the config it was saved with")
+            raise CheckpointError(
+                f"checkpoint {self.ckpt} holds {found} of the {need.length} elements of "
+                f"{need.name} ({need.kind}) this rank needs; it does not match the model or its "
+                f"optimizer -- resume with the config it was saved with"
+            )
 
     def _check(self, rel: str, key: str, entry: tensorfile.Entry, have: Shard, dtype: torch.dtype) -> None:
         """The saved tensor is what the index says: fp32 for every kind but buffers (which must have
@@ -231,16 +249,23 @@ class ShardIndex:
         saved = tensorfile.NAMES[entry.dtype]
         if have.kind != "buffer" and entry.dtype != torch.float32:
             raise corrupt(f"{self.ckpt}/{rel}", f"tensor {key} is {saved}, its index says {have.kind} (F32)")
-        if have.kind == "buffer" and entry.dtype != dtype and not (entry.dtype.is_floating_point
-                                                                  and dtype.is_floating_point):
+        if (
+            have.kind == "buffer"
+            and entry.dtype != dtype
+            and not (entry.dtype.is_floating_point and dtype.is_floating_point)
+        ):
             raise corrupt(f"{self.ckpt}/{rel}", f"buffer {key} is {saved}, the model's is {dtype}")
         whole = have.tp is None and have.offset == 0 and have.length == math.prod(have.shape)
         if entry.shape != (have.length,) and not (whole and entry.shape == have.shape):
-            raise corrupt(f"{self.ckpt}/{rel}", f"tensor {key} has shape {list(entry.shape)}, its index says "
-                                                f"{have.length} elements of {list(have.shape)}")
+            raise corrupt(
+                f"{self.ckpt}/{rel}",
+                f"tensor {key} has shape {list(entry.shape)}, its index says "
+                f"{have.length} elements of {list(have.shape)}",
+            )
 
-    def _copy(self, rel: str, entry: tensorfile.Entry, dst: np.ndarray, src: np.ndarray, n: np.ndarray,
-              out: torch.Tensor) -> None:
+    def _copy(
+        self, rel: str, entry: tensorfile.Entry, dst: np.ndarray, src: np.ndarray, n: np.ndarray, out: torch.Tensor
+    ) -> None:
         """Read pieces of one saved tensor into ``out``: straight into ``out``'s memory when one
         piece is a whole read of the same dtype, else a span at a time, pieces nearer than
         ``MERGE_GAP`` read together."""
@@ -253,13 +278,13 @@ class ShardIndex:
         for a, b in zip(cuts[:-1], cuts[1:]):
             lo, hi = int(src[a]), int(src[b - 1] + n[b - 1])
             if b - a == 1 and entry.dtype == out.dtype:
-                target = flat[int(dst[a]):int(dst[a]) + int(n[a])]
+                target = flat[int(dst[a]) : int(dst[a]) + int(n[a])]
                 self._read_exact(rel, entry.at(lo), target)
                 continue
             span = torch.empty(hi - lo, dtype=entry.dtype)
             self._read_exact(rel, entry.at(lo), span)
             for d, s, k in zip(dst[a:b].tolist(), src[a:b].tolist(), n[a:b].tolist()):
-                flat[d:d + k].copy_(span[s - lo:s - lo + k])
+                flat[d : d + k].copy_(span[s - lo : s - lo + k])
 
     def _read_exact(self, rel: str, offset: int, target: torch.Tensor) -> None:
         view = memoryview(target.view(torch.uint8).numpy()) if target.numel() else memoryview(bytearray())
@@ -271,8 +296,10 @@ class ShardIndex:
         ``dtype`` (default: as saved). Allocated only once its shards cover it."""
         shape, saved = self.shapes[(name, kind)], self.by_key[(name, kind)]
         if sum(have.length for have, _, _ in saved) < math.prod(shape):
-            raise CheckpointError(f"checkpoint {self.ckpt} holds {sum(have.length for have, _, _ in saved)} of the "
-                                  f"{math.prod(shape)} elements of {name} ({kind}); use an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint {self.ckpt} holds {sum(have.length for have, _, _ in saved)} of the "
+                f"{math.prod(shape)} elements of {name} ({kind}); use an earlier checkpoint"
+            )
         out = torch.empty(shape, dtype=dtype or self.entry(*saved[0][1:]).dtype)
         self.read(Shard(name, kind, shape, None, 0, math.prod(shape)), out)
         return out

@@ -6,6 +6,7 @@ without reading the rest (``safetensors.safe_open`` reads these files too).
 Written as a stream (each tensor's bytes go straight from its host buffer to the file, hashed on
 the way), so writing a rank's shards never makes a second copy of them in memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,18 @@ import torch
 from glm_common.storage import Storage
 from glm_dist.checkpoint.files import BlockHasher, CheckpointError, corrupt
 
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 64 * 2**20
 MAX_DIMS = 8
@@ -54,8 +64,9 @@ def header_bytes(tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, st
     return struct.pack("<Q", len(text)) + text
 
 
-def write(storage: Storage, rel: str, tensors: list[tuple[str, torch.Tensor]], *,
-          metadata: dict[str, str] | None = None) -> dict:
+def write(
+    storage: Storage, rel: str, tensors: list[tuple[str, torch.Tensor]], *, metadata: dict[str, str] | None = None
+) -> dict:
     """Write ``tensors`` (contiguous CPU tensors) to ``rel``; returns its meta.json entry (size and
     block SHA-256s, computed while writing)."""
     hasher = BlockHasher()
@@ -96,8 +107,11 @@ def read_header(storage: Storage, rel: str) -> dict[str, Entry]:
     end = 8 + n
     for key, e in sorted(entries.items(), key=lambda item: (item[1].start, item[1].nbytes)):
         if e.start != end:
-            raise corrupt(where, f"tensor {key} starts at byte {e.start - 8 - n} of the data, not at {end - 8 - n} "
-                                 f"(overlapping or a gap)")
+            raise corrupt(
+                where,
+                f"tensor {key} starts at byte {e.start - 8 - n} of the data, not at {end - 8 - n} "
+                f"(overlapping or a gap)",
+            )
         end = e.start + e.nbytes
     if end != size:
         raise corrupt(where, f"the tensors end at byte {end} of a file of {size}")
@@ -106,8 +120,10 @@ def read_header(storage: Storage, rel: str) -> dict[str, Entry]:
 
 def _entry(spec: dict, base: int) -> Entry:
     if not isinstance(spec, dict) or spec.get("dtype") not in DTYPES:
-        raise ValueError(f"dtype {str(spec.get('dtype') if isinstance(spec, dict) else spec)[:40]!r} is not one "
-                         f"of {', '.join(DTYPES)}")
+        raise ValueError(
+            f"dtype {str(spec.get('dtype') if isinstance(spec, dict) else spec)[:40]!r} is not one "
+            f"of {', '.join(DTYPES)}"
+        )
     offsets, shape = spec.get("data_offsets"), spec.get("shape")
     if not (counts(offsets) and len(offsets) == 2 and counts(shape) and len(shape) <= MAX_DIMS):
         raise ValueError("data_offsets or shape is not a list of non-negative integers")

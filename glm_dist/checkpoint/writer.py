@@ -8,6 +8,7 @@ written last, the folder published, ``latest`` moved). Nothing here calls a coll
 main threads agree on failures at the next wait (``train/checkpoint.py``), with ``comm.first_error``.
 A process killed mid-write leaves no marker, so no commit: the previous checkpoint stays the latest.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ class RankFiles:
     blobs: dict[str, bytes] = field(default_factory=dict)  # file -> bytes (JSON, the tokenizer)
 
     def nbytes(self) -> int:
-        return (sum(t.numel() * t.element_size() for ts in self.tensors.values() for _, t in ts)
-                + sum(len(b) for b in self.blobs.values()))
+        return sum(t.numel() * t.element_size() for ts in self.tensors.values() for _, t in ts) + sum(
+            len(b) for b in self.blobs.values()
+        )
 
 
 class Aborted(Exception):
@@ -62,8 +64,16 @@ def failure(what: str, rank: int, err: BaseException, storage: Storage) -> str:
 class AsyncSave:
     """The background half of one save on one rank."""
 
-    def __init__(self, staging: Storage, files: RankFiles, *, world: int, what: str, root: Storage,
-                 commit: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        staging: Storage,
+        files: RankFiles,
+        *,
+        world: int,
+        what: str,
+        root: Storage,
+        commit: Callable[[dict], None] | None = None,
+    ):
         self.staging, self.files, self.world, self.what, self.root = staging, files, world, what, root
         self.commit = commit
         self.written, self.abort = threading.Event(), threading.Event()
@@ -95,7 +105,7 @@ class AsyncSave:
         except Aborted:
             pass
         except Exception as err:
-            self.commit_error = failure(f"committing {self.what[len('writing '):]}", self.files.rank, err, self.root)
+            self.commit_error = failure(f"committing {self.what[len('writing ') :]}", self.files.rank, err, self.root)
         self.seconds["commit"] = time.perf_counter() - t1
 
     def _write(self) -> dict:

@@ -7,6 +7,7 @@ and sbatch's follow them unparsed, so their modules have ``HELP`` and ``main(arg
 The table names modules rather than importing them: a run imports the one module it runs (as pip's
 ``commands_dict`` does), so ``glm config show`` does not load the evaluation, fine-tuning and crawl stacks.
 """
+
 from __future__ import annotations
 
 import importlib

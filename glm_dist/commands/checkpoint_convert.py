@@ -1,4 +1,5 @@
 """``glm checkpoint convert``: a format-2 checkpoint (DeepSpeed's files + ``universal/``) as format 3."""
+
 from __future__ import annotations
 
 import argparse

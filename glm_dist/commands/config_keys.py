@@ -1,5 +1,6 @@
 """``glm config keys``: every config key with its type, default and help (a field's ``help`` metadata; under
 ``objective`` the keys each objective owns)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """``glm config show``: the resolved config, validated for a world size, as YAML (or the DeepSpeed JSON)."""
+
 from __future__ import annotations
 
 import argparse

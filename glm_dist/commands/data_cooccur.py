@@ -1,5 +1,6 @@
 """``glm data cooccur``: GloVe's training set. Tokenize ``data.source`` into ``data.shards_dir``/tokens (word
 profile), then count co-occurrences into count shards (map per token shard, reduce per word block)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,10 @@ from glm_dist.config.checks import check_locations
 from glm_dist.config.loader import load_config
 from glm_dist.data.shards import read_shard
 
-HELP = ("GloVe: tokenize into DIR/tokens (word profile), then co-occurrence count shards in data.shards_dir "
-        "(map per token shard, reduce per word block)")
+HELP = (
+    "GloVe: tokenize into DIR/tokens (word profile), then co-occurrence count shards in data.shards_dir "
+    "(map per token shard, reduce per word block)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,8 +34,13 @@ def run(args: argparse.Namespace) -> int:
 def write_counts(cfg, *, stage: str | None, task: int | None) -> int:
     """The count set (also what ``glm data tokenize`` writes for an objective that trains on counts)."""
     d = cfg.data
-    counts = CooccurSpec(out_dir=d.shards_dir, reader=read_shard, window=d.cooccur_window, blocks=d.cooccur_blocks,
-                         shard_max_bytes=d.shard_max_bytes)
+    counts = CooccurSpec(
+        out_dir=d.shards_dir,
+        reader=read_shard,
+        window=d.cooccur_window,
+        blocks=d.cooccur_blocks,
+        shard_max_bytes=d.shard_max_bytes,
+    )
     tokenize = {k: v for k, v in tokenize_spec(d).items() if k != "out_dir"}
     manifest = prepare_cooccurrence(counts, tokenize, workers=d.encode_workers, stage=stage, task=task)
     if manifest is not None:

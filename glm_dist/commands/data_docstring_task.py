@@ -1,4 +1,5 @@
 """``glm data docstring-task``: the built-in classification task (a docstring -> its module) as JSONL rows."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``glm data eval-tasks``: the offline lm-eval tasks (data, card, YAML), one folder each, for
 ``glm eval --include-path``."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,9 @@ HELP = "build the offline lm-eval tasks (data, card, YAML) into DIR/<task>/"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the folder to give glm eval --include-path")
     p.add_argument("--tasks", help="comma-separated (default: all of glm_dist/eval/tasks)")
-    p.add_argument("--source", help="pydoc_cloze, doc_summary: a JSONL corpus of {id, text} documents "
-                   "(default: the embedded one)")
+    p.add_argument(
+        "--source", help="pydoc_cloze, doc_summary: a JSONL corpus of {id, text} documents (default: the embedded one)"
+    )
     p.add_argument("--wordnet-dir", help="wordnet_mc, wordnet_qa: WordNet's data.* files (default /usr/share/wordnet)")
 
 

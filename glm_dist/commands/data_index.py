@@ -1,5 +1,6 @@
 """``glm data index``: the index file of every shard of a shard set that lacks one (random access for shard
 sets built before index files existed)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,10 @@ from data_pipeline.executors.cpus import available_cpus
 from glm_dist.commands.shared import folder_lock
 from glm_dist.data.index import index_shard_set
 
-HELP = ("write the index file (documents' token counts, sentence lengths, byte offsets) of every shard of DIR that "
-        "lacks one: random access for shard sets built before index files existed")
+HELP = (
+    "write the index file (documents' token counts, sentence lengths, byte offsets) of every shard of DIR that "
+    "lacks one: random access for shard sets built before index files existed"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
 """``glm data run``: the crawl pipeline of a recipe -- read, extract, filter, dedup, decontaminate, write --
 whole, one stage, or one task of a stage (SLURM arrays)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``glm data tagging``: CVT's sequence-labelling tasks (python3-doc references, WordNet) and unlabelled
 sentences, as a tagging shard set in ``data.shards_dir``."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,10 @@ from data_pipeline.tasks.tagging_shards import build_tagging_set
 from glm_dist.commands.shared import config_args
 from glm_dist.config.loader import load_config
 
-HELP = ("CVT: sequence-labelling tasks (python3-doc references, WordNet) and unlabelled sentences as a tagging "
-        "shard set in data.shards_dir")
+HELP = (
+    "CVT: sequence-labelling tasks (python3-doc references, WordNet) and unlabelled sentences as a tagging "
+    "shard set in data.shards_dir"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    manifest = build_tagging_set(cfg.data.shards_dir, tasks=args.tasks.split(","), labelled_limit=args.labelled,
-                                 unlabelled_limit=args.unlabelled, test_limit=args.test,
-                                 subset_seed=args.subset_seed, vocab_size=cfg.data.vocab_size)
+    manifest = build_tagging_set(
+        cfg.data.shards_dir,
+        tasks=args.tasks.split(","),
+        labelled_limit=args.labelled,
+        unlabelled_limit=args.unlabelled,
+        test_limit=args.test,
+        subset_seed=args.subset_seed,
+        vocab_size=cfg.data.vocab_size,
+    )
     print(json.dumps(manifest["tagging"]))
     return 0

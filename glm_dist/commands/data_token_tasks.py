@@ -1,5 +1,6 @@
 """``glm data token-tasks``: WordNet's example sentences as ``glm finetune`` rows for the span and the
 token-tagging heads."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,10 @@ from pathlib import Path
 
 from data_pipeline.wordnet_heads import pos_rows, span_rows
 
-HELP = ("WordNet example sentences as glm finetune rows: DIR/wordnet_span.jsonl (--task span) and "
-        "DIR/wordnet_pos.jsonl (--task tokens)")
+HELP = (
+    "WordNet example sentences as glm finetune rows: DIR/wordnet_span.jsonl (--task span) and "
+    "DIR/wordnet_pos.jsonl (--task tokens)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
 """``glm data tokenize``: train or load the tokenizer and write the set the config's objective trains on --
 token shards, or a translation pair set (``pairs`` objectives) or co-occurrence counts (``counts`` objectives)."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ HELP = "train/load the tokenizer and write token shards"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
     p.add_argument("--task", type=int, help="run only this encoding task (one input file; SLURM array index)")
-    p.add_argument("--prepare-only", action="store_true",
-                   help="only write the tokenizer and print the number of encoding tasks")
+    p.add_argument(
+        "--prepare-only", action="store_true", help="only write the tokenizer and print the number of encoding tasks"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +49,16 @@ def _tokens(d, *, task: int | None, prepare_only: bool) -> int:
 
 
 def _pairs(d) -> int:
-    manifest = prepare_pairs(PairSpec(source=d.source, out_dir=d.shards_dir, vectors=d.vectors,
-                                      vocab_size=d.vocab_size, target_vocab_size=d.target_vocab_size,
-                                      shard_max_bytes=d.shard_max_bytes, labelled_pairs=d.labelled_pairs))
+    manifest = prepare_pairs(
+        PairSpec(
+            source=d.source,
+            out_dir=d.shards_dir,
+            vectors=d.vectors,
+            vocab_size=d.vocab_size,
+            target_vocab_size=d.target_vocab_size,
+            shard_max_bytes=d.shard_max_bytes,
+            labelled_pairs=d.labelled_pairs,
+        )
+    )
     print(json.dumps({"splits": {s: len(v) for s, v in manifest["splits"].items()}, **manifest["source"]}))
     return 0

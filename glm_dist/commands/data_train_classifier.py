@@ -1,5 +1,6 @@
 """``glm data train-classifier``: GPT-3's quality classifier, curated text against raw crawl, saved for a
 recipe's ``classifier.model``."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``glm data vectors``: the word vectors of a checkpoint (its model's ``vectors()``, GloVe's) in GloVe's text
 format, ``word v1 v2 ...`` per line."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,6 @@ def run(args: argparse.Namespace) -> int:
     tok = checkpoint_tokenizer(args.checkpoint)
     words = [w if i not in tok.get_added_tokens_decoder() else "" for i, w in enumerate(vocabulary(tok))]
     vectors = model.vectors().float().numpy()
-    written = write_text(args.out, words[:len(vectors)], vectors[:len(words)])
+    written = write_text(args.out, words[: len(vectors)], vectors[: len(words)])
     print(json.dumps({"out": args.out, "words": written, "dim": vectors.shape[1]}))
     return 0

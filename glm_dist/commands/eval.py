@@ -1,5 +1,6 @@
 """``glm eval``: validation loss, perplexity and bits per byte of a checkpoint (``-c``), or lm-eval tasks
 (``--tasks``): their scores, their curve over shots and model sizes, or their scores split by contamination."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=float, help="documents per task (a fraction if < 1)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", default="lm_eval_results.json", help="where lm-eval's results JSON goes")
-    p.add_argument("--curve", help="--tasks: score vs k, e.g. k=0,1,5 (--checkpoint A,B,...: and vs model size); "
-                   "--out FILE.json gets the points, FILE_k.png and FILE_size.png the plots")
-    p.add_argument("--contamination", help="--tasks: a crawl run's contamination.json; every score also on the "
-                   "clean and the dirty items (matched by id)")
-    p.add_argument("--documents", type=int, default=32, help="-c, decoder-only LMs: score this many held-out "
-                   "documents whole (token-, word- and byte-level perplexity; 0: none)")
-    p.add_argument("--stride", type=int, help="-c --documents: sliding windows of the context advance by this many "
-                   "tokens (default: the context, disjoint windows; GPT-2's LM benchmarks used overlapping ones)")
+    p.add_argument(
+        "--curve",
+        help="--tasks: score vs k, e.g. k=0,1,5 (--checkpoint A,B,...: and vs model size); "
+        "--out FILE.json gets the points, FILE_k.png and FILE_size.png the plots",
+    )
+    p.add_argument(
+        "--contamination",
+        help="--tasks: a crawl run's contamination.json; every score also on the "
+        "clean and the dirty items (matched by id)",
+    )
+    p.add_argument(
+        "--documents",
+        type=int,
+        default=32,
+        help="-c, decoder-only LMs: score this many held-out "
+        "documents whole (token-, word- and byte-level perplexity; 0: none)",
+    )
+    p.add_argument(
+        "--stride",
+        type=int,
+        help="-c --documents: sliding windows of the context advance by this many "
+        "tokens (default: the context, disjoint windows; GPT-2's LM benchmarks used overlapping ones)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,13 +66,35 @@ def _tasks(args: argparse.Namespace) -> None:
 
     tasks = names(args.tasks)
     if args.curve:
-        curve = run_curve(names(args.checkpoint), tasks, parse_curve(args.curve), include_path=args.include_path,
-                          limit=args.limit, batch_size=args.batch_size, out=args.out)
+        curve = run_curve(
+            names(args.checkpoint),
+            tasks,
+            parse_curve(args.curve),
+            include_path=args.include_path,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            out=args.out,
+        )
         if curve is not None:
             print(f"curve: {args.out} ({len(curve['points'])} points); plots: {', '.join(curve['plots'])}")
     elif args.contamination:
-        run_contamination(args.checkpoint, tasks, contamination=args.contamination, include_path=args.include_path,
-                          num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size, out=args.out)
+        run_contamination(
+            args.checkpoint,
+            tasks,
+            contamination=args.contamination,
+            include_path=args.include_path,
+            num_fewshot=args.num_fewshot,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            out=args.out,
+        )
     else:
-        run_tasks(args.checkpoint, tasks, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                  limit=args.limit, batch_size=args.batch_size, out=args.out)
+        run_tasks(
+            args.checkpoint,
+            tasks,
+            include_path=args.include_path,
+            num_fewshot=args.num_fewshot,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            out=args.out,
+        )

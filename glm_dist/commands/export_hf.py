@@ -1,4 +1,5 @@
 """``glm export-hf``: a checkpoint as a folder that transformers' ``from_pretrained`` loads."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """``glm features``: contextual features of texts (ELMo's biLM layers) from a checkpoint, as ``.npz``."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    features = export_features(args.checkpoint, read_texts(args.input, text_field=args.text_field), out=args.out,
-                               batch_size=args.batch_size)
+    features = export_features(
+        args.checkpoint, read_texts(args.input, text_field=args.text_field), out=args.out, batch_size=args.batch_size
+    )
     print(json.dumps({"out": args.out, "texts": len(features), "first_shape": list(features[0].shape)}))
     return 0

@@ -1,4 +1,5 @@
 """``glm generate``: continue a prompt from a checkpoint, greedy, beam or sampled, streamed to stdout."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``glm plan``: memory per GPU of every (DP, PP, TP, ZeRO, offload) layout of a config's model on a cluster,
 and the layout to use."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,16 +29,43 @@ def run(args: argparse.Namespace) -> int:
     shape = model_shape(family(cfg.model.family), model_config(cfg))
     t, par = cfg.train, cfg.parallel
     global_batch = t.global_batch_size or t.micro_batch_size * t.grad_accum_steps * max(
-        1, args.gpus // (par.pipeline_stages * par.tensor_parallel))
-    layouts = plan(shape, gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq_len=seq_len(cfg),
-                   micro_batch=t.micro_batch_size, global_batch=global_batch,
-                   precision="fp32" if t.precision == "fp32" else "bf16", vocab_parallel=par.vocab_parallel,
-                   sequence_parallel=par.sequence_parallel)
+        1, args.gpus // (par.pipeline_stages * par.tensor_parallel)
+    )
+    layouts = plan(
+        shape,
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        seq_len=seq_len(cfg),
+        micro_batch=t.micro_batch_size,
+        global_batch=global_batch,
+        precision="fp32" if t.precision == "fp32" else "bf16",
+        vocab_parallel=par.vocab_parallel,
+        sequence_parallel=par.sequence_parallel,
+    )
     best, ckpt = recommend(layouts, args.gpu_mem, checkpointing=True if t.activation_checkpointing else None)
     if args.json:
-        print(json.dumps({"layouts": [vars(lay) for lay in layouts], "recommended": vars(best) if best else None,
-                          "activation_checkpointing": ckpt}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "layouts": [vars(lay) for lay in layouts],
+                    "recommended": vars(best) if best else None,
+                    "activation_checkpointing": ckpt,
+                },
+                indent=1,
+            )
+        )
     else:
-        print(format_plan(f"{cfg.model.family}/{cfg.model.flavor}", shape, layouts, best, ckpt, args.gpus,
-                          args.gpu_mem, global_batch, args.show))
+        print(
+            format_plan(
+                f"{cfg.model.family}/{cfg.model.flavor}",
+                shape,
+                layouts,
+                best,
+                ckpt,
+                args.gpus,
+                args.gpu_mem,
+                global_batch,
+                args.show,
+            )
+        )
     return 0

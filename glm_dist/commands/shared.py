@@ -1,5 +1,6 @@
 """What several commands share: the ``-c CONFIG key=value ...`` arguments, a data command's output lock,
 comma-separated lists."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,7 @@ from glm_common.outlock import output_lock
 
 def config_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     parser.add_argument("-c", "--config", required=required, help="YAML config file (with optional base:)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="override config keys, e.g. train.lr=3e-4")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.lr=3e-4")
 
 
 def folder_lock(folder: str, command: str, key: str, *, task: int | None = None):
@@ -28,6 +28,14 @@ def names(text: str) -> list[str]:
 def tokenize_spec(data) -> dict:
     """The tokenizer and shard settings of a config's ``data`` section, as data_pipeline's tokenizing steps
     (``prepare_tokenizer``, ``prepare_shards``, the co-occurrence counts' first step) take them."""
-    return dict(source=data.source, out_dir=data.shards_dir, tokenizer=data.tokenizer, profile=data.tokenizer_profile,
-                vocab_size=data.vocab_size, val_per_mille=data.val_per_mille, shard_max_bytes=data.shard_max_bytes,
-                text_field=data.text_field, max_record_mb=data.max_record_mb)
+    return dict(
+        source=data.source,
+        out_dir=data.shards_dir,
+        tokenizer=data.tokenizer,
+        profile=data.tokenizer_profile,
+        vocab_size=data.vocab_size,
+        val_per_mille=data.val_per_mille,
+        shard_max_bytes=data.shard_max_bytes,
+        text_field=data.text_field,
+        max_record_mb=data.max_record_mb,
+    )

@@ -1,5 +1,6 @@
 """``glm slurm``: queue a training, tokenizing or crawl job with sbatch (``glm_dist/slurm.py`` parses its
 options, which the command's action follows)."""
+
 from __future__ import annotations
 
 import sys

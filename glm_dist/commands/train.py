@@ -1,5 +1,6 @@
 """``glm train``: one writer per ``train.out_dir``. Rank 0 takes the folder's lock and every rank learns the
 outcome from it (a refusal ends every rank with exit code 2, rank 0 printing the line)."""
+
 from __future__ import annotations
 
 import argparse

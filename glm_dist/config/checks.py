@@ -1,4 +1,5 @@
 """Cross-field checks that fail early with the numbers and the file to edit (torchtitan habit)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,16 @@ from glm_dist.config.schema import Config, ModelConfig
 from glm_dist.families.registry import FAMILIES, family, resolve_model_config
 from glm_dist.objectives.registry import OBJECTIVES
 
-MODEL_OVERRIDES = ("n_layer", "n_head", "d_model", "d_ff", "vocab_size", "pad_vocab_to_multiple_of", "context_length",
-                   "dropout")
+MODEL_OVERRIDES = (
+    "n_layer",
+    "n_head",
+    "d_model",
+    "d_ff",
+    "vocab_size",
+    "pad_vocab_to_multiple_of",
+    "context_length",
+    "dropout",
+)
 
 
 def model_options(m: ModelConfig) -> dict[str, Any]:
@@ -55,18 +64,28 @@ def check_launcher_agrees(cfg: Config, env: dict[str, str]) -> None:
     config tree (which generates the DeepSpeed JSON): two sources of truth that disagree is an error."""
     if env.get("ACCELERATE_USE_DEEPSPEED") != "true":
         return
-    ours = {"zero_stage": str(cfg.parallel.zero_stage), "gradient_accumulation_steps": str(cfg.train.grad_accum_steps),
-            "mixed_precision": "no" if cfg.train.precision == "fp32" else "bf16"}
-    theirs = {"zero_stage": env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"),
-              "gradient_accumulation_steps": env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
-              "mixed_precision": env.get("ACCELERATE_MIXED_PRECISION")}
-    keys = {"zero_stage": "parallel.zero_stage", "gradient_accumulation_steps": "train.grad_accum_steps",
-            "mixed_precision": "train.precision"}
+    ours = {
+        "zero_stage": str(cfg.parallel.zero_stage),
+        "gradient_accumulation_steps": str(cfg.train.grad_accum_steps),
+        "mixed_precision": "no" if cfg.train.precision == "fp32" else "bf16",
+    }
+    theirs = {
+        "zero_stage": env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"),
+        "gradient_accumulation_steps": env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
+        "mixed_precision": env.get("ACCELERATE_MIXED_PRECISION"),
+    }
+    keys = {
+        "zero_stage": "parallel.zero_stage",
+        "gradient_accumulation_steps": "train.grad_accum_steps",
+        "mixed_precision": "train.precision",
+    }
     for name, value in theirs.items():
         if value is not None and value != ours[name]:
-            raise ConfigError(f"accelerate's DeepSpeed plugin has {name}={value} but the config gives {ours[name]} "
-                              f"({keys[name]} in {source_of(cfg, keys[name])}); make the accelerate config "
-                              f"file and the glm config agree")
+            raise ConfigError(
+                f"accelerate's DeepSpeed plugin has {name}={value} but the config gives {ours[name]} "
+                f"({keys[name]} in {source_of(cfg, keys[name])}); make the accelerate config "
+                f"file and the glm config agree"
+            )
 
 
 def check_ranges(cfg: Config) -> None:
@@ -75,13 +94,21 @@ def check_ranges(cfg: Config) -> None:
     check_bounds(cfg)
     for tag in cfg.logging.tags:  # W&B's limit, refused here rather than by wandb.init mid-start
         if not isinstance(tag, str) or not 1 <= len(tag) <= 64:
-            raise ConfigError(f"logging.tags: {str(tag)[:80]!r} must be a string of 1 to 64 characters "
-                              f"({source_of(cfg, 'logging.tags')})")
+            raise ConfigError(
+                f"logging.tags: {str(tag)[:80]!r} must be a string of 1 to 64 characters "
+                f"({source_of(cfg, 'logging.tags')})"
+            )
 
 
 # keys that name files or URLs: read through fsspec, never handed to a shell (webdataset's pipe:)
-LOCATION_KEYS = ("data.source", "data.shards_dir", "data.tokenizer", "train.out_dir", "train.resume",
-                 "train.checkpoint_dir")
+LOCATION_KEYS = (
+    "data.source",
+    "data.shards_dir",
+    "data.tokenizer",
+    "train.out_dir",
+    "train.resume",
+    "train.checkpoint_dir",
+)
 
 
 def check_locations(cfg: Config) -> None:
@@ -97,9 +124,11 @@ def check_locations(cfg: Config) -> None:
         except ValueError as err:
             raise ConfigError(f"{err} ({source_of(cfg, key)})") from None
     if "://" in cfg.train.out_dir or "::" in cfg.train.out_dir:
-        raise ConfigError(f"train.out_dir={cfg.train.out_dir!r} must be a local or shared-filesystem path (metrics and "
-                          f"logs are appended there; put checkpoints on an object store with train.checkpoint_dir; "
-                          f"{source_of(cfg, 'train.out_dir')})")
+        raise ConfigError(
+            f"train.out_dir={cfg.train.out_dir!r} must be a local or shared-filesystem path (metrics and "
+            f"logs are appended there; put checkpoints on an object store with train.checkpoint_dir; "
+            f"{source_of(cfg, 'train.out_dir')})"
+        )
     _check_checkpoint_locations(cfg)
 
 
@@ -108,13 +137,17 @@ def _check_checkpoint_locations(cfg: Config) -> None:
     for key in ("train.checkpoint_dir", "train.resume"):
         value = getattr(cfg.train, key.split(".")[1]) or ""
         if "::" in value or value.split("://")[0].lower() in ("http", "https", "hf"):
-            raise ConfigError(f"{key}={value!r}: checkpoints need a path or a writable store (s3://, gs://, file://, "
-                              f"...), not a cache chain or a read-only URL ({source_of(cfg, key)})")
+            raise ConfigError(
+                f"{key}={value!r}: checkpoints need a path or a writable store (s3://, gs://, file://, "
+                f"...), not a cache chain or a read-only URL ({source_of(cfg, key)})"
+            )
     if cfg.train.deepspeed_checkpoint and "://" in (cfg.train.checkpoint_dir or ""):
-        raise ConfigError(f"train.deepspeed_checkpoint=true writes DeepSpeed's files with local paths; "
-                          f"train.checkpoint_dir={cfg.train.checkpoint_dir!r} is a URL -- use a local or shared "
-                          f"filesystem, or leave train.deepspeed_checkpoint off "
-                          f"({source_of(cfg, 'train.checkpoint_dir')})")
+        raise ConfigError(
+            f"train.deepspeed_checkpoint=true writes DeepSpeed's files with local paths; "
+            f"train.checkpoint_dir={cfg.train.checkpoint_dir!r} is a URL -- use a local or shared "
+            f"filesystem, or leave train.deepspeed_checkpoint off "
+            f"({source_of(cfg, 'train.checkpoint_dir')})"
+        )
 
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:
@@ -122,6 +155,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     check_ranges(cfg)
     check_locations(cfg)
     mc = model_config(cfg)
+
     def where(key: str) -> str:
         src = source_of(cfg, key)
         return f"flavor {cfg.model.flavor!r}" if src == "<default>" and key.startswith("model.") else src
@@ -130,17 +164,23 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
         raise ConfigError(
             f"model.n_head={mc.n_head} must divide model.d_model={mc.d_model} "
             f"(d_model / n_head = {mc.d_model / mc.n_head:.2f}; set in {where('model.n_head')}, "
-            f"{where('model.d_model')})")
+            f"{where('model.d_model')})"
+        )
     if seq_len(cfg) > mc.context_length:
-        raise ConfigError(f"data.seq_len={seq_len(cfg)} exceeds model.context_length={mc.context_length} "
-                          f"({where('data.seq_len')})")
+        raise ConfigError(
+            f"data.seq_len={seq_len(cfg)} exceeds model.context_length={mc.context_length} ({where('data.seq_len')})"
+        )
     if cfg.objective.name not in OBJECTIVES:
-        raise ConfigError(f"objective.name={cfg.objective.name!r} ({where('objective.name')}) is not an objective; "
-                          f"known: {', '.join(OBJECTIVES)}")
+        raise ConfigError(
+            f"objective.name={cfg.objective.name!r} ({where('objective.name')}) is not an objective; "
+            f"known: {', '.join(OBJECTIVES)}"
+        )
     trains = family(cfg.model.family).objectives
     if cfg.objective.name not in trains:
-        raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
-                          f"{cfg.model.family!r}, which trains with {', '.join(trains)}")
+        raise ConfigError(
+            f"objective.name={cfg.objective.name} ({where('objective.name')}) cannot train model family "
+            f"{cfg.model.family!r}, which trains with {', '.join(trains)}"
+        )
     refusal = OBJECTIVES[cfg.objective.name].refuse_model(mc)
     if refusal:
         raise ConfigError(f"objective.name={cfg.objective.name} ({where('objective.name')}): {refusal}")
@@ -149,10 +189,12 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
         spec.check(cfg, mc, seq_len(cfg))
     t = cfg.train
     if t.micro_batch_size * seq_len(cfg) > MAX_BATCH_TOKENS:
-        raise ConfigError(f"train.micro_batch_size={t.micro_batch_size} x data.seq_len={seq_len(cfg)} is "
-                          f"{t.micro_batch_size * seq_len(cfg)} tokens per micro batch, more than any device holds "
-                          f"(at most {MAX_BATCH_TOKENS}); lower train.micro_batch_size and raise "
-                          f"train.grad_accum_steps ({where('train.micro_batch_size')}, {where('data.seq_len')})")
+        raise ConfigError(
+            f"train.micro_batch_size={t.micro_batch_size} x data.seq_len={seq_len(cfg)} is "
+            f"{t.micro_batch_size * seq_len(cfg)} tokens per micro batch, more than any device holds "
+            f"(at most {MAX_BATCH_TOKENS}); lower train.micro_batch_size and raise "
+            f"train.grad_accum_steps ({where('train.micro_batch_size')}, {where('data.seq_len')})"
+        )
     check_parallel_layout(cfg, world_size)
     dp = world_size // (cfg.parallel.pipeline_stages * cfg.parallel.tensor_parallel)
     actual = t.micro_batch_size * t.grad_accum_steps * dp
@@ -161,27 +203,37 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
             f"train.global_batch_size={t.global_batch_size} ({where('train.global_batch_size')}) != "
             f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x "
             f"data-parallel size {dp} = {actual}; change grad_accum_steps to "
-            f"{t.global_batch_size / (t.micro_batch_size * dp):g} or the batch sizes")
+            f"{t.global_batch_size / (t.micro_batch_size * dp):g} or the batch sizes"
+        )
     if t.warmup_steps > t.max_steps and t.schedule != "inverse_sqrt":
-        raise ConfigError(f"train.warmup_steps={t.warmup_steps} > train.max_steps={t.max_steps} "
-                          f"({where('train.warmup_steps')})")
+        raise ConfigError(
+            f"train.warmup_steps={t.warmup_steps} > train.max_steps={t.max_steps} ({where('train.warmup_steps')})"
+        )
     p = cfg.parallel
     if t.optimizer in ("lamb", "adafactor") and (p.zero_stage > 0 or t.precision == "bf16"):
-        raise ConfigError(f"train.optimizer={t.optimizer} needs parallel.zero_stage=0 and train.precision fp32 or "
-                          f"bf16-autocast (got ZeRO-{p.zero_stage}, {t.precision}): ZeRO and DeepSpeed's bf16 "
-                          f"optimizer flatten parameters into one buffer, which would turn its per-matrix statistics "
-                          f"(LAMB's trust ratio, Adafactor's factored moments) into one per group")
+        raise ConfigError(
+            f"train.optimizer={t.optimizer} needs parallel.zero_stage=0 and train.precision fp32 or "
+            f"bf16-autocast (got ZeRO-{p.zero_stage}, {t.precision}): ZeRO and DeepSpeed's bf16 "
+            f"optimizer flatten parameters into one buffer, which would turn its per-matrix statistics "
+            f"(LAMB's trust ratio, Adafactor's factored moments) into one per group"
+        )
     if p.offload_optimizer and p.zero_stage == 0:
-        raise ConfigError(f"parallel.offload_optimizer needs parallel.zero_stage >= 1 "
-                          f"(it is 0; {where('parallel.offload_optimizer')})")
+        raise ConfigError(
+            f"parallel.offload_optimizer needs parallel.zero_stage >= 1 "
+            f"(it is 0; {where('parallel.offload_optimizer')})"
+        )
     if p.offload_params and p.zero_stage != 3:
-        raise ConfigError(f"parallel.offload_params needs parallel.zero_stage=3 (it is {p.zero_stage}; "
-                          f"{where('parallel.offload_params')})")
+        raise ConfigError(
+            f"parallel.offload_params needs parallel.zero_stage=3 (it is {p.zero_stage}; "
+            f"{where('parallel.offload_params')})"
+        )
     if t.compile and (p.zero_stage == 3 or p.tensor_parallel > 1):
-        raise ConfigError(f"train.compile=true ({where('train.compile')}) runs with ZeRO 0-2 and no tensor parallelism "
-                          f"(got parallel.zero_stage={p.zero_stage}, parallel.tensor_parallel={p.tensor_parallel}): "
-                          f"ZeRO-3's parameter gathering and the tensor-parallel all-reduces run inside each block and "
-                          f"would break its graph; set train.compile=false or change the layout")
+        raise ConfigError(
+            f"train.compile=true ({where('train.compile')}) runs with ZeRO 0-2 and no tensor parallelism "
+            f"(got parallel.zero_stage={p.zero_stage}, parallel.tensor_parallel={p.tensor_parallel}): "
+            f"ZeRO-3's parameter gathering and the tensor-parallel all-reduces run inside each block and "
+            f"would break its graph; set train.compile=false or change the layout"
+        )
     check_eval(cfg)
 
 
@@ -190,19 +242,25 @@ def check_eval(cfg: Config) -> None:
     tensor split of it, and no ZeRO-3 (whose forward gathers parameters on every rank at once)."""
     e, p = cfg.eval, cfg.parallel
     if bool(e.tasks) != bool(e.tasks_every):
-        raise ConfigError(f"eval.tasks={list(e.tasks)} and eval.tasks_every={e.tasks_every} go together: give both "
-                          f"or neither ({source_of(cfg, 'eval.tasks')}, {source_of(cfg, 'eval.tasks_every')})")
+        raise ConfigError(
+            f"eval.tasks={list(e.tasks)} and eval.tasks_every={e.tasks_every} go together: give both "
+            f"or neither ({source_of(cfg, 'eval.tasks')}, {source_of(cfg, 'eval.tasks_every')})"
+        )
     if e.tasks and not family(cfg.model.family).next_token_logits:
         able = [name for name, spec in FAMILIES.items() if spec.next_token_logits]
-        raise ConfigError(f"eval.tasks scores decoder-only language models ({', '.join(able)}); model.family="
-                          f"{cfg.model.family} is not one -- score its checkpoints with glm eval "
-                          f"({source_of(cfg, 'eval.tasks')})")
+        raise ConfigError(
+            f"eval.tasks scores decoder-only language models ({', '.join(able)}); model.family="
+            f"{cfg.model.family} is not one -- score its checkpoints with glm eval "
+            f"({source_of(cfg, 'eval.tasks')})"
+        )
     if e.tasks and (p.pipeline_stages > 1 or p.tensor_parallel > 1 or p.zero_stage == 3):
-        raise ConfigError(f"eval.tasks runs on whole models on each data-parallel rank; this run has "
-                          f"parallel.pipeline_stages={p.pipeline_stages}, "
-                          f"parallel.tensor_parallel={p.tensor_parallel}, "
-                          f"parallel.zero_stage={p.zero_stage} -- score its checkpoints with glm eval --tasks instead "
-                          f"({source_of(cfg, 'eval.tasks')})")
+        raise ConfigError(
+            f"eval.tasks runs on whole models on each data-parallel rank; this run has "
+            f"parallel.pipeline_stages={p.pipeline_stages}, "
+            f"parallel.tensor_parallel={p.tensor_parallel}, "
+            f"parallel.zero_stage={p.zero_stage} -- score its checkpoints with glm eval --tasks instead "
+            f"({source_of(cfg, 'eval.tasks')})"
+        )
 
 
 def check_parallel_layout(cfg: Config, world_size: int) -> None:
@@ -211,9 +269,16 @@ def check_parallel_layout(cfg: Config, world_size: int) -> None:
     topo = Layout.for_world(world_size, p.pipeline_stages, p.tensor_parallel)
     spec = family(cfg.model.family)
     check_family_layout(cfg, spec, topo)  # what the family cannot split, named, before any size check
-    check_layout(topo, n_layer=mc.n_layer * spec.stacks, n_head=getattr(mc, "n_head", 1),
-                 ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model, vocab=mc.vocab_size, zero_stage=p.zero_stage,
-                 gpus_per_node=p.gpus_per_node, offload_params=p.offload_params)
+    check_layout(
+        topo,
+        n_layer=mc.n_layer * spec.stacks,
+        n_head=getattr(mc, "n_head", 1),
+        ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model,
+        vocab=mc.vocab_size,
+        zero_stage=p.zero_stage,
+        gpus_per_node=p.gpus_per_node,
+        offload_params=p.offload_params,
+    )
 
 
 def check_family_layout(cfg: Config, spec, topo) -> None:
@@ -221,21 +286,27 @@ def check_family_layout(cfg: Config, spec, topo) -> None:
     if topo.pipeline > 1:
         pipelined = {name: f.pipeline.objectives for name, f in FAMILIES.items() if f.pipeline}
         if cfg.objective.name not in pipelined.get(cfg.model.family, ()):
-            raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={topo.pipeline}) runs "
-                              + ", ".join(f"{f} ({'/'.join(o)})" for f, o in pipelined.items())
-                              + f", not {cfg.model.family} ({cfg.objective.name}); use ZeRO-3 data parallelism for it")
+            raise ConfigError(
+                f"pipeline parallelism (parallel.pipeline_stages={topo.pipeline}) runs "
+                + ", ".join(f"{f} ({'/'.join(o)})" for f, o in pipelined.items())
+                + f", not {cfg.model.family} ({cfg.objective.name}); use ZeRO-3 data parallelism for it"
+            )
         refusal = spec.pipeline.refuse(mc)
         if refusal:
             raise ConfigError(f"pipeline parallelism (parallel.pipeline_stages={topo.pipeline}): {refusal}")
     if topo.tensor > 1:
         splits = [name for name, f in FAMILIES.items() if f.tensor_parallel]
         if not spec.tensor_parallel:
-            raise ConfigError(f"tensor parallelism (parallel.tensor_parallel={topo.tensor}) splits the "
-                              f"{', '.join(splits)} families, not {cfg.model.family}; use data "
-                              f"parallelism with ZeRO-3 for it")
+            raise ConfigError(
+                f"tensor parallelism (parallel.tensor_parallel={topo.tensor}) splits the "
+                f"{', '.join(splits)} families, not {cfg.model.family}; use data "
+                f"parallelism with ZeRO-3 for it"
+            )
         if cfg.train.optimizer == "adafactor":
-            raise ConfigError("train.optimizer=adafactor keeps factored moments that do not split with tensor "
-                              "parallelism; use adamw or lamb, or parallel.tensor_parallel=1")
+            raise ConfigError(
+                "train.optimizer=adafactor keeps factored moments that do not split with tensor "
+                "parallelism; use adamw or lamb, or parallel.tensor_parallel=1"
+            )
     if cfg.parallel.sequence_parallel:
         check_sequence_parallel(cfg, spec, topo)
     if cfg.train.init == "local":
@@ -247,30 +318,43 @@ def check_local_init(cfg: Config, spec, topo) -> None:
     where = source_of(cfg, "train.init")
     if not spec.local_init:
         able = [name for name, f in FAMILIES.items() if f.local_init]
-        raise ConfigError(f"train.init=local ({where}) draws the weights of the {', '.join(able)} families by their "
-                          f"rules, and {cfg.model.family} has none; use train.init=whole")
+        raise ConfigError(
+            f"train.init=local ({where}) draws the weights of the {', '.join(able)} families by their "
+            f"rules, and {cfg.model.family} has none; use train.init=whole"
+        )
     if cfg.train.init_from:
-        raise ConfigError(f"train.init=local ({where}) draws new weights, train.init_from loads "
-                          f"{cfg.train.init_from}'s: give one")
+        raise ConfigError(
+            f"train.init=local ({where}) draws new weights, train.init_from loads {cfg.train.init_from}'s: give one"
+        )
     if topo.pipeline == 1 and topo.tensor > 1 and cfg.parallel.zero_stage == 3:
-        raise ConfigError(f"train.init=local ({where}) with ZeRO-3 builds the model partitioned over the data ranks, "
-                          f"which tensor slicing (parallel.tensor_parallel={topo.tensor}) cannot cut afterwards; use "
-                          f"ZeRO-1/2 with tensor parallelism, or train.init=whole")
+        raise ConfigError(
+            f"train.init=local ({where}) with ZeRO-3 builds the model partitioned over the data ranks, "
+            f"which tensor slicing (parallel.tensor_parallel={topo.tensor}) cannot cut afterwards; use "
+            f"ZeRO-1/2 with tensor parallelism, or train.init=whole"
+        )
 
 
 def check_sequence_parallel(cfg: Config, spec, topo) -> None:
     """Sequence parallelism cuts a tensor-parallel group's residual stream along the sequence."""
     where = source_of(cfg, "parallel.sequence_parallel")
     if topo.tensor == 1:
-        raise ConfigError(f"parallel.sequence_parallel=true ({where}) splits the sequence inside a tensor-parallel "
-                          f"group: set parallel.tensor_parallel > 1, or leave sequence_parallel off")
+        raise ConfigError(
+            f"parallel.sequence_parallel=true ({where}) splits the sequence inside a tensor-parallel "
+            f"group: set parallel.tensor_parallel > 1, or leave sequence_parallel off"
+        )
     if not spec.sequence_parallel:
         cut = [name for name, f in FAMILIES.items() if f.sequence_parallel]
-        raise ConfigError(f"parallel.sequence_parallel=true ({where}) cuts the {', '.join(cut)} families, not "
-                          f"{cfg.model.family}; leave it off for {cfg.model.family}")
+        raise ConfigError(
+            f"parallel.sequence_parallel=true ({where}) cuts the {', '.join(cut)} families, not "
+            f"{cfg.model.family}; leave it off for {cfg.model.family}"
+        )
     if topo.pipeline > 1:
-        raise ConfigError(f"parallel.sequence_parallel=true ({where}) runs without pipeline stages "
-                          f"(parallel.pipeline_stages={topo.pipeline}); use one or the other")
+        raise ConfigError(
+            f"parallel.sequence_parallel=true ({where}) runs without pipeline stages "
+            f"(parallel.pipeline_stages={topo.pipeline}); use one or the other"
+        )
     if seq_len(cfg) % topo.tensor:
-        raise ConfigError(f"parallel.sequence_parallel=true ({where}) cuts data.seq_len={seq_len(cfg)} into "
-                          f"parallel.tensor_parallel={topo.tensor} equal pieces; use a multiple of {topo.tensor}")
+        raise ConfigError(
+            f"parallel.sequence_parallel=true ({where}) cuts data.seq_len={seq_len(cfg)} into "
+            f"parallel.tensor_parallel={topo.tensor} equal pieces; use a multiple of {topo.tensor}"
+        )

@@ -1,4 +1,5 @@
 """The DeepSpeed JSON, derived from the one config tree (never written by hand; gpt-neox habit)."""
+
 from __future__ import annotations
 
 from glm_dist.config.checks import model_config
@@ -68,6 +69,9 @@ def zero_buffers(d_model: int, stage: int) -> dict[str, int]:
     sizes = {"reduce_bucket_size": min(square, 5 * 10**8)}
     if stage == 3:
         near = min(int(0.9 * square), 5 * 10**7)
-        sizes.update(stage3_prefetch_bucket_size=near, stage3_max_reuse_distance=near,
-                     stage3_param_persistence_threshold=min(10 * d_model, 10**5))
+        sizes.update(
+            stage3_prefetch_bucket_size=near,
+            stage3_max_reuse_distance=near,
+            stage3_param_persistence_threshold=min(10 * d_model, 10**5),
+        )
     return sizes

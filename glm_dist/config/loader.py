@@ -1,6 +1,7 @@
 """Training configs: YAML files with ``base:`` inheritance, ``key=value`` overrides and the strict
 schema of ``config/schema.py``. The YAML rules themselves live in ``glm_common.config_yaml`` (the data
 pipeline's recipes use them too); their names are re-exported here for the users of this module."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -8,6 +8,7 @@ This runs when the config loads (``glm config show`` refuses it); what needs the
 sizes, their tokenizers, the weights of ``epochs`` sources and of proportional or temperature mixing
 -- is ``glm_dist/data/mixture.py``'s.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,10 @@ def mixture_sources(data: Any, where: str = "") -> list[MixtureSource]:
     names = [s.name for s in sources]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ConfigError(f"data.mixture names source(s) {', '.join(map(repr, twice))} more than once ({where}): "
-                          f"give each source its own name")
+        raise ConfigError(
+            f"data.mixture names source(s) {', '.join(map(repr, twice))} more than once ({where}): "
+            f"give each source its own name"
+        )
     if sources and all(s.weight is not None for s in sources):
         check_weight_sum([s.weight for s in sources], normalize=data.normalize_weights, where=where)
     return sources
@@ -56,8 +59,9 @@ def _source(i: int, item: Any, mixing: str, where: str) -> MixtureSource:
         raise ConfigError(f"{key} = {item!r} must be a mapping with keys {', '.join(KEYS)} ({where})")
     unknown = sorted(set(item) - set(KEYS))
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} in {key} ({where}); a source has "
-                          f"{', '.join(KEYS)}")
+        raise ConfigError(
+            f"unknown key(s) {', '.join(map(repr, unknown))} in {key} ({where}); a source has {', '.join(KEYS)}"
+        )
     for text in ("name", "shards_dir", "source"):
         value = item.get(text)
         if (text != "source" or value is not None) and (not isinstance(value, str) or not value.strip()):
@@ -71,25 +75,32 @@ def _source(i: int, item: Any, mixing: str, where: str) -> MixtureSource:
             raise ConfigError(f"{err} ({where})") from None
     shares = [k for k in ("weight", "epochs") if item.get(k) is not None]
     if mixing == "weights" and len(shares) != 1:
-        raise ConfigError(f"{key} ({item['name']!r}) must give exactly one of weight (its share of the tokens) and "
-                          f"epochs (passes over it), got {' and '.join(shares) or 'neither'} ({where})")
+        raise ConfigError(
+            f"{key} ({item['name']!r}) must give exactly one of weight (its share of the tokens) and "
+            f"epochs (passes over it), got {' and '.join(shares) or 'neither'} ({where})"
+        )
     if mixing != "weights" and shares:
-        raise ConfigError(f"{key} ({item['name']!r}) gives {shares[0]}, but data.mixing={mixing} computes every "
-                          f"weight from the sources' sizes: remove it, or set data.mixing=weights ({where})")
+        raise ConfigError(
+            f"{key} ({item['name']!r}) gives {shares[0]}, but data.mixing={mixing} computes every "
+            f"weight from the sources' sizes: remove it, or set data.mixing=weights ({where})"
+        )
     for share in shares:
         value = item[share]
         if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{key}.{share} = {value!r} ({item['name']!r}) must be a number > 0 ({where})")
-    return MixtureSource(**{k: (float(v) if k in ("weight", "epochs") and v is not None else v)
-                            for k, v in item.items()})
+    return MixtureSource(
+        **{k: (float(v) if k in ("weight", "epochs") and v is not None else v) for k, v in item.items()}
+    )
 
 
 def check_weight_sum(weights: list[float], *, normalize: bool, where: str = "") -> list[float]:
     """The weights as shares summing to 1: refused when they do not, unless ``normalize``."""
     total = math.fsum(weights)
     if abs(total - 1.0) > SUM_TOLERANCE and not normalize:
-        raise ConfigError(f"data.mixture's weights sum to {total:.6g}, not 1 ({where}): correct them, or set "
-                          f"data.normalize_weights=true to divide each by the sum")
+        raise ConfigError(
+            f"data.mixture's weights sum to {total:.6g}, not 1 ({where}): correct them, or set "
+            f"data.normalize_weights=true to divide each by the sum"
+        )
     return [w / total for w in weights]
 
 

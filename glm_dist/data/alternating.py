@@ -10,6 +10,7 @@ when odd (``objective.cvt_unlabelled=false``: always labelled, the supervised ba
 step's task is drawn from ``default_rng([seed, TASK_DRAW, s])``, the same on every rank. The state
 is the step counter and each split's loader position, so a resumed run sees the same batches.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,14 +34,18 @@ def splits(shards_dir: str, manifest: dict, options) -> tuple[list[str], str]:
         return ["train"], "unlabelled"
     tasks = (manifest.get("tagging") or {}).get("tasks")
     if not tasks:
-        raise ShardSetError(f"{shards_dir} is neither a tagging shard set (its manifest lists no tasks; glm data "
-                            f"tagging -c CONFIG) nor a pair set with unlabelled sources (glm data tokenize -c CONFIG "
-                            f"with data.labelled_pairs=N)")
+        raise ShardSetError(
+            f"{shards_dir} is neither a tagging shard set (its manifest lists no tasks; glm data "
+            f"tagging -c CONFIG) nor a pair set with unlabelled sources (glm data tokenize -c CONFIG "
+            f"with data.labelled_pairs=N)"
+        )
     counts = [len(t["tags"]) for t in tasks]
     if options is not None and list(options.tag_counts) != counts:
-        raise TagsMismatch(f"model.tags={list(options.tag_counts)} but {shards_dir} has tasks "
-                           + ", ".join(f"{t['name']} ({len(t['tags'])} tags)" for t in tasks)
-                           + f": set model.tags={counts}")
+        raise TagsMismatch(
+            f"model.tags={list(options.tag_counts)} but {shards_dir} has tasks "
+            + ", ".join(f"{t['name']} ({len(t['tags'])} tags)" for t in tasks)
+            + f": set model.tags={counts}"
+        )
     return [f"labelled-{k}" for k in range(len(tasks))], "train"
 
 
@@ -85,19 +90,27 @@ class AlternatingLoader:
         return {k: sum(c[k] for c in counts) for k in counts[0]}
 
     def state_dict(self) -> dict:
-        return {"format": STATE_FORMAT, "steps": self.steps, "labelled": [lo.state_dict() for lo in self.labelled],
-                "unlabelled": self.unlabelled.state_dict() if self.unlabelled is not None else None}
+        return {
+            "format": STATE_FORMAT,
+            "steps": self.steps,
+            "labelled": [lo.state_dict() for lo in self.labelled],
+            "unlabelled": self.unlabelled.state_dict() if self.unlabelled is not None else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"the data position was not saved by the alternating loader (format "
-                             f"{state.get('format')!r}): resume a run of the same objective")
+            raise ValueError(
+                f"the data position was not saved by the alternating loader (format "
+                f"{state.get('format')!r}): resume a run of the same objective"
+            )
         if len(state["labelled"]) != len(self.labelled) or (state["unlabelled"] is None) != (self.unlabelled is None):
-            raise ValueError(f"the data position was saved for {len(state['labelled'])} labelled splits "
-                             f"{'with' if state['unlabelled'] is not None else 'without'} unlabelled steps; "
-                             f"this run has {len(self.labelled)} "
-                             f"{'with' if self.unlabelled is not None else 'without'}: resume with "
-                             f"the same shard set and objective.cvt_unlabelled")
+            raise ValueError(
+                f"the data position was saved for {len(state['labelled'])} labelled splits "
+                f"{'with' if state['unlabelled'] is not None else 'without'} unlabelled steps; "
+                f"this run has {len(self.labelled)} "
+                f"{'with' if self.unlabelled is not None else 'without'}: resume with "
+                f"the same shard set and objective.cvt_unlabelled"
+            )
         for loader, saved in zip(self.labelled, state["labelled"]):
             loader.load_state_dict(saved)
         if self.unlabelled is not None:

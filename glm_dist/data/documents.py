@@ -8,6 +8,7 @@ while. An epoch is also a *stream* of positions: each document contributes its t
 ``extra`` positions (a separator), so position p of epoch e names one document and one token of
 it -- what the packing plans (data/plan.py) address units by.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -47,7 +48,7 @@ class DocumentOrder:
 
     def _windows(self, epoch: int) -> tuple[tuple[int, ...], ...]:
         order = [int(i) for i in self.shard_order(epoch)]
-        return tuple(tuple(order[i:i + self.window]) for i in range(0, len(order), self.window))
+        return tuple(tuple(order[i : i + self.window]) for i in range(0, len(order), self.window))
 
     def doc_order(self, epoch: int, shards: tuple[int, ...], num_docs: int) -> np.ndarray:
         if not self.shuffle:
@@ -58,8 +59,9 @@ class DocumentOrder:
         """Global ids of window ``w``'s documents in their epoch order."""
         shards = self.windows(epoch)[w]
         start = self.table.shard_start
-        docs = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.arange(start[s], start[s] + self.shard_docs[s])
-                                                               for s in shards])
+        docs = np.concatenate(
+            [np.zeros(0, dtype=np.int64)] + [np.arange(start[s], start[s] + self.shard_docs[s]) for s in shards]
+        )
         return docs[self.doc_order(epoch, shards, len(docs))]
 
     def _window_cum(self, epoch: int, w: int, extra: int) -> np.ndarray:
@@ -69,8 +71,10 @@ class DocumentOrder:
 
     def _window_sizes(self, epoch: int, extra: int) -> np.ndarray:
         """(windows + 1,) position where each window starts in the epoch."""
-        per_window = [sum(int(self.shard_tokens[s]) + extra * int(self.shard_docs[s]) for s in shards)
-                      for shards in self.windows(epoch)]
+        per_window = [
+            sum(int(self.shard_tokens[s]) + extra * int(self.shard_docs[s]) for s in shards)
+            for shards in self.windows(epoch)
+        ]
         return np.concatenate([[0], np.cumsum(per_window, dtype=np.int64)])
 
     def slices(self, epoch: int, start: int, stop: int, extra: int = 0) -> Iterator[tuple[int, int, int]]:

@@ -13,6 +13,7 @@ manifest's shard entries, so a restart maps it instead of reading thousands of i
 whose index is missing or wrong, or whose size no longer matches its index, holds no document in
 the table: every rank skips it alike and counts it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,15 @@ from glm_dist.data.shards import ShardSetError, _members, _npy, open_shard_file,
 log = logging.getLogger(__name__)
 MAX_INDEX_BYTES = 256 * 2**20
 TABLE_FORMAT = "glm-dist/document-table/v1"
-ARRAYS = ("shard_bytes", "shard_start", "shard_tokens", "num_tokens", "token_offset", "sentence_ptr",
-          "sentence_lengths")
+ARRAYS = (
+    "shard_bytes",
+    "shard_start",
+    "shard_tokens",
+    "num_tokens",
+    "token_offset",
+    "sentence_ptr",
+    "sentence_lengths",
+)
 READ_THREADS = 16  # index files read at once (I/O bound)
 
 
@@ -109,8 +117,9 @@ def read_index(root: str, entry: dict) -> ParsedIndex:
             raise ValueError("its SHA-256 differs from manifest.json's")
         return parse_index(data, entry)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ShardIndexError(f"index {url} is unusable ({type(err).__name__}: {err}); "
-                              f"run glm data index {root}") from None
+        raise ShardIndexError(
+            f"index {url} is unusable ({type(err).__name__}: {err}); run glm data index {root}"
+        ) from None
 
 
 # -- the indexer: glm data index DIR ----------------------------------------------------------------
@@ -153,8 +162,12 @@ def index_shard_set(root: str, *, workers: int = 1) -> dict:
     """Write the index file of every shard of ``root`` that lacks a usable one and record them in
     ``manifest.json`` (written last). A shard that cannot be read gets ``index_error`` instead."""
     manifest = read_manifest(root)
-    todo = [(split, i) for split, entries in manifest["splits"].items() for i, e in enumerate(entries)
-            if not _index_ok(root, e)]
+    todo = [
+        (split, i)
+        for split, entries in manifest["splits"].items()
+        for i, e in enumerate(entries)
+        if not _index_ok(root, e)
+    ]
     names = [manifest["splits"][s][i]["name"] for s, i in todo]
     if workers > 1 and len(todo) > 1:
         with ProcessPoolExecutor(min(workers, len(todo))) as pool:
@@ -170,8 +183,11 @@ def index_shard_set(root: str, *, workers: int = 1) -> dict:
     for split in manifest["splits"]:  # and the document tables, so that a training start finds them cached
         load_doc_table(root, manifest, split, workers=workers)
     failed = {manifest["splits"][s][i]["name"]: r[2] for (s, i), r in zip(todo, results) if r[2]}
-    return {"indexed": len(todo) - len(failed), "already": sum(map(len, manifest["splits"].values())) - len(todo),
-            "failed": failed}
+    return {
+        "indexed": len(todo) - len(failed),
+        "already": sum(map(len, manifest["splits"].values())) - len(todo),
+        "failed": failed,
+    }
 
 
 def _index_ok(root: str, entry: dict) -> bool:
@@ -217,18 +233,19 @@ class DocTable:
         return np.searchsorted(self.shard_start, docs, side="right") - 1
 
     def sentence_starts(self, doc: int) -> np.ndarray:
-        lengths = self.sentence_lengths[self.sentence_ptr[doc]:self.sentence_ptr[doc + 1]]
+        lengths = self.sentence_lengths[self.sentence_ptr[doc] : self.sentence_ptr[doc + 1]]
         return np.concatenate([[0], np.cumsum(lengths[:-1])]).astype(np.int64)
 
 
 def table_digest(entries: list[dict], split: str) -> str:
-    return hashlib.sha256(json.dumps({"format": TABLE_FORMAT, "split": split, "shards": entries},
-                                     sort_keys=True).encode()).hexdigest()[:24]
+    return hashlib.sha256(
+        json.dumps({"format": TABLE_FORMAT, "split": split, "shards": entries}, sort_keys=True).encode()
+    ).hexdigest()[:24]
 
 
 def cache_root(root: str, cache_dir: str = "") -> str | None:
     """Where the table is cached: next to local shards, else under ``cache_dir`` (else nowhere)."""
-    local = root[len("file://"):] if root.startswith("file://") else root
+    local = root[len("file://") :] if root.startswith("file://") else root
     if "://" not in local and "::" not in local:
         if os.access(local, os.W_OK):
             return f"{local}/.glm-index"
@@ -243,8 +260,9 @@ def load_doc_table(root: str, manifest: dict, split: str, *, cache_dir: str = ""
     index files in that many processes (``glm data index``; a training rank reads them in threads)."""
     entries = manifest["splits"][split]
     if entries and not any(e.get("index") for e in entries):
-        raise ShardSetError(f"{root} has no shard index files (written before glm-dist indexed its shards): "
-                            f"run glm data index {root}")
+        raise ShardSetError(
+            f"{root} has no shard index files (written before glm-dist indexed its shards): run glm data index {root}"
+        )
     where, digest = cache_root(root, cache_dir), table_digest(entries, split)
     folder = f"{where}/{split}-{digest}" if where else None
     table = _load_cached(folder, root) if folder else None
@@ -271,12 +289,15 @@ def _build(root: str, entries: list[dict], workers: int = 1) -> DocTable:
     if len(dtypes) > 1:
         raise ShardSetError(f"the shards of {root} mix token dtypes ({', '.join(sorted(dtypes))}); rebuild them")
     empty = np.zeros(0, dtype=np.int64)
-    cols = [p if not isinstance(p, str) else ParsedIndex(empty, empty, empty, empty, np.dtype("<u2"), 0)
-            for p in parsed]
+    cols = [
+        p if not isinstance(p, str) else ParsedIndex(empty, empty, empty, empty, np.dtype("<u2"), 0) for p in parsed
+    ]
     counts = np.asarray([len(c.num_tokens) for c in cols], dtype=np.int64)
     sentence_counts = np.concatenate([empty] + [c.sentence_counts for c in cols])
     return DocTable(
-        root=root, names=[e["name"] for e in entries], dtype=good[0].dtype if good else np.dtype("<u2"),
+        root=root,
+        names=[e["name"] for e in entries],
+        dtype=good[0].dtype if good else np.dtype("<u2"),
         shard_bytes=np.asarray([c.tar_bytes for c in cols], dtype=np.int64),
         shard_start=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
         shard_tokens=np.asarray([int(c.num_tokens.sum()) for c in cols], dtype=np.int64),
@@ -284,7 +305,8 @@ def _build(root: str, entries: list[dict], workers: int = 1) -> DocTable:
         token_offset=np.concatenate([empty] + [c.token_offset for c in cols]),
         sentence_ptr=np.concatenate([[0], np.cumsum(sentence_counts)]).astype(np.int64),
         sentence_lengths=np.concatenate([empty] + [c.sentence_lengths for c in cols]).astype(np.int32),
-        problems=problems)
+        problems=problems,
+    )
 
 
 def _read_block(root: str, entries: list[dict]) -> list[ParsedIndex | str]:
@@ -320,9 +342,12 @@ def _check_sizes(table: DocTable) -> None:
             continue
         size = listed.get(name)
         if size != table.shard_bytes[i]:
-            table.problems[i] = (f"{table.url(i)} is missing" if size is None else
-                                 f"{table.url(i)} is {size} bytes but its index was made for "
-                                 f"{table.shard_bytes[i]}: truncated, corrupt or replaced")
+            table.problems[i] = (
+                f"{table.url(i)} is missing"
+                if size is None
+                else f"{table.url(i)} is {size} bytes but its index was made for "
+                f"{table.shard_bytes[i]}: truncated, corrupt or replaced"
+            )
 
 
 def _save(folder: str, table: DocTable) -> None:
@@ -333,8 +358,12 @@ def _save(folder: str, table: DocTable) -> None:
         tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".tmp-"))
         for name in ARRAYS:
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(getattr(table, name)), allow_pickle=False)
-        meta = {"format": TABLE_FORMAT, "names": table.names, "dtype": np.lib.format.dtype_to_descr(table.dtype),
-                "problems": {str(k): v for k, v in table.problems.items()}}
+        meta = {
+            "format": TABLE_FORMAT,
+            "names": table.names,
+            "dtype": np.lib.format.dtype_to_descr(table.dtype),
+            "problems": {str(k): v for k, v in table.problems.items()},
+        }
         (tmp / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(tmp, folder)
@@ -350,13 +379,23 @@ def _load_cached(folder: str, root: str) -> DocTable | None:
         if meta.get("format") != TABLE_FORMAT:
             return None
         arrays = {n: np.load(Path(folder, f"{n}.npy"), mmap_mode="r", allow_pickle=False) for n in ARRAYS}
-        table = DocTable(root=root, names=list(meta["names"]), dtype=_dtype(meta["dtype"]), **arrays,
-                         problems={int(k): v for k, v in meta["problems"].items()})
+        table = DocTable(
+            root=root,
+            names=list(meta["names"]),
+            dtype=_dtype(meta["dtype"]),
+            **arrays,
+            problems={int(k): v for k, v in meta["problems"].items()},
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     s, n = table.num_shards, len(table.num_tokens)
-    consistent = (len(table.shard_start) == s + 1 and table.shard_start[-1] == n and len(table.token_offset) == n
-                  and len(table.sentence_ptr) == n + 1 and table.sentence_ptr[-1] == len(table.sentence_lengths))
+    consistent = (
+        len(table.shard_start) == s + 1
+        and table.shard_start[-1] == n
+        and len(table.token_offset) == n
+        and len(table.sentence_ptr) == n + 1
+        and table.sentence_ptr[-1] == len(table.sentence_lengths)
+    )
     return table if consistent else None
 
 

@@ -20,6 +20,7 @@ its memory id is s x B + b, so a memory always continues its own source's text.
 Noise (masks, spans, permutations) is drawn from ``default_rng([seed, salt, 1, epoch, sample])``:
 new masks every epoch, the same masks after a resume.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,11 +70,16 @@ def vocab_from_manifest(shards_dir: str, manifest: dict, *, whole_word: bool = F
     return Vocab(size=t["vocab_size"], ids=ids, word_starts=word_starts)
 
 
-def check_batch_shape(*, seq_len: int, micro_batch_size: int, grad_accum_steps: int, dp_rank: int,
-                      dp_size: int) -> None:
+def check_batch_shape(
+    *, seq_len: int, micro_batch_size: int, grad_accum_steps: int, dp_rank: int, dp_size: int
+) -> None:
     """Refuse a batch no rank can build before anything is allocated for it."""
-    sizes = {"data.seq_len": seq_len, "train.micro_batch_size": micro_batch_size,
-             "train.grad_accum_steps": grad_accum_steps, "the data-parallel size": dp_size}
+    sizes = {
+        "data.seq_len": seq_len,
+        "train.micro_batch_size": micro_batch_size,
+        "train.grad_accum_steps": grad_accum_steps,
+        "the data-parallel size": dp_size,
+    }
     for key, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise GlmError(f"{key}={value!r} must be a whole number, 1 or more")
@@ -81,9 +87,11 @@ def check_batch_shape(*, seq_len: int, micro_batch_size: int, grad_accum_steps: 
         raise GlmError(f"data-parallel rank {dp_rank} is not one of the {dp_size} ranks")
     tokens = int(seq_len) * int(micro_batch_size) * int(grad_accum_steps)
     if tokens > MAX_STEP_TOKENS:
-        raise GlmError(f"train.micro_batch_size={micro_batch_size} x train.grad_accum_steps={grad_accum_steps} x "
-                       f"data.seq_len={seq_len} is {tokens} tokens per rank and step, more than a rank can build "
-                       f"(at most {MAX_STEP_TOKENS}): lower the batch sizes")
+        raise GlmError(
+            f"train.micro_batch_size={micro_batch_size} x train.grad_accum_steps={grad_accum_steps} x "
+            f"data.seq_len={seq_len} is {tokens} tokens per rank and step, more than a rank can build "
+            f"(at most {MAX_STEP_TOKENS}): lower the batch sizes"
+        )
 
 
 class PositionMismatch(GlmError, ValueError):
@@ -91,42 +99,83 @@ class PositionMismatch(GlmError, ValueError):
 
 
 class Loader:
-    def __init__(self, shards_dir: str | Mixture, *, objective: str = DEFAULT_OBJECTIVE, split: str = "train",
-                 seq_len: int, micro_batch_size: int, grad_accum_steps: int = 1, dp_rank: int = 0, dp_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 1, options=None,
-                 streams: bool = False, cache_dir: str = "", read_gap_bytes: int = 0, read_retries: int = 3,
-                 read_backoff_s: float = 0.5, reads: bool = True):
+    def __init__(
+        self,
+        shards_dir: str | Mixture,
+        *,
+        objective: str = DEFAULT_OBJECTIVE,
+        split: str = "train",
+        seq_len: int,
+        micro_batch_size: int,
+        grad_accum_steps: int = 1,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_window: int = 1,
+        options=None,
+        streams: bool = False,
+        cache_dir: str = "",
+        read_gap_bytes: int = 0,
+        read_retries: int = 3,
+        read_backoff_s: float = 0.5,
+        reads: bool = True,
+    ):
         """``reads=False``: a rank that needs no batch (a middle pipeline stage) reads nothing; its
         batches have the right shapes, filled with the pad token. ``shards_dir`` a ``Mixture``: one
         loader per source (seeded by the source's name), drawn from by the blended index."""
-        check_batch_shape(seq_len=seq_len, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                          dp_rank=dp_rank, dp_size=dp_size)
+        check_batch_shape(
+            seq_len=seq_len,
+            micro_batch_size=micro_batch_size,
+            grad_accum_steps=grad_accum_steps,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+        )
         self.mixture = shards_dir if isinstance(shards_dir, Mixture) else None
         self.parts: list[Loader] = []  # a mixture's sources, in its order
         if self.mixture is not None:
-            same = dict(objective=objective, split=split, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                        grad_accum_steps=grad_accum_steps, dp_rank=dp_rank, dp_size=dp_size, shuffle=shuffle,
-                        shuffle_window=shuffle_window, options=options, streams=streams, cache_dir=cache_dir,
-                        read_gap_bytes=read_gap_bytes, read_retries=read_retries, read_backoff_s=read_backoff_s,
-                        reads=reads)
-            self.parts = [Loader(root, seed=self.mixture.seed(seed, s), **same)
-                          for s, root in enumerate(self.mixture.shards_dirs)]
+            same = dict(
+                objective=objective,
+                split=split,
+                seq_len=seq_len,
+                micro_batch_size=micro_batch_size,
+                grad_accum_steps=grad_accum_steps,
+                dp_rank=dp_rank,
+                dp_size=dp_size,
+                shuffle=shuffle,
+                shuffle_window=shuffle_window,
+                options=options,
+                streams=streams,
+                cache_dir=cache_dir,
+                read_gap_bytes=read_gap_bytes,
+                read_retries=read_retries,
+                read_backoff_s=read_backoff_s,
+                reads=reads,
+            )
+            self.parts = [
+                Loader(root, seed=self.mixture.seed(seed, s), **same) for s, root in enumerate(self.mixture.shards_dirs)
+            ]
             shards_dir = self.mixture.shards_dirs[0]  # the shared tokenizer's
         self.root, self.split, self.manifest = shards_dir, split, read_manifest(shards_dir)
-        self.num_shards = (sum(p.num_shards for p in self.parts) if self.mixture is not None
-                           else len(shard_urls(shards_dir, self.manifest, split)))
+        self.num_shards = (
+            sum(p.num_shards for p in self.parts)
+            if self.mixture is not None
+            else len(shard_urls(shards_dir, self.manifest, split))
+        )
         self.objective, self.seed, self.seq_len = get_objective(objective), seed, seq_len
         self.micro, self.accum = micro_batch_size, grad_accum_steps
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.shuffle, self.window, self.streams, self.reads = shuffle, shuffle_window, streams, reads
         self.options = options if options is not None else self.objective.options()  # objectives/base.py
-        self.vocab = vocab_from_manifest(shards_dir, self.manifest,
-                                         whole_word=self.objective.needs_word_starts(self.options))
+        self.vocab = vocab_from_manifest(
+            shards_dir, self.manifest, whole_word=self.objective.needs_word_starts(self.options)
+        )
         self.pad_id = self.vocab.ids.get("pad") if self.vocab.ids.get("pad") is not None else self.vocab.ids["eot"]
         self.width = seq_len if self.objective.padded else None
         self._plain_id = min(set(range(len(self.vocab.specials) + 1)) - set(self.vocab.specials.tolist()))
-        self.read_options = dict(gap_bytes=read_gap_bytes, retries=read_retries, backoff_s=read_backoff_s,
-                                 cache_dir=cache_dir)
+        self.read_options = dict(
+            gap_bytes=read_gap_bytes, retries=read_retries, backoff_s=read_backoff_s, cache_dir=cache_dir
+        )
         self.steps = 0
         self.samples = 0  # the global sample number of the next step's first sample
         self.last_samples: list[tuple] = []  # (sample, epoch, unit[, source of a mixture]) of this rank's last rows
@@ -146,8 +195,10 @@ class Loader:
         return np.random.default_rng([self.seed, self.objective.salt, stage, epoch, sample])
 
     def _builders(self) -> list:
-        return [self.objective.builder(seq_len=self.seq_len, vocab=self.vocab, opts=self.options, stream=i)
-                for i in range(self.num_streams)]
+        return [
+            self.objective.builder(seq_len=self.seq_len, vocab=self.vocab, opts=self.options, stream=i)
+            for i in range(self.num_streams)
+        ]
 
     def _setup(self) -> SampleIndex | StreamIndex:
         """The sample index and the reader, made at the first use (no shard is read); a mixture's
@@ -163,16 +214,24 @@ class Loader:
         if order.num_docs == 0:
             reasons = list(table.problems.values())
             shown = "; ".join(reasons[:3]) + (f"; ... {len(reasons) - 3} more" if len(reasons) > 3 else "")
-            raise ShardSetError(f"no readable document in any of the {table.num_shards} shards ({len(reasons)} "
-                                f"skipped: {shown}); rebuild them with glm data tokenize or point data.shards_dir "
-                                f"at a good set")
+            raise ShardSetError(
+                f"no readable document in any of the {table.num_shards} shards ({len(reasons)} "
+                f"skipped: {shown}); rebuild them with glm data tokenize or point data.shards_dir "
+                f"at a good set"
+            )
         self.objective.check_documents(table.dtype)
         first = self._builders()[0]
         if type(first) is TokenPacker and not self.streams:  # closed form: any corpus size at once
             plan = PackedPlan(order, block=first.block_len, stride=first.stride, sep=first.sep)
         else:
-            plan = BuiltPlan(order, self._builders, lambda e: (lambda k: self._rng(e, k, 0)), seed=self.seed,
-                             shuffle=self.shuffle, cache=self._plan_cache(table, first))
+            plan = BuiltPlan(
+                order,
+                self._builders,
+                lambda e: lambda k: self._rng(e, k, 0),
+                seed=self.seed,
+                shuffle=self.shuffle,
+                cache=self._plan_cache(table, first),
+            )
         self._plan = plan
         self._index = StreamIndex(plan) if self.streams else SampleIndex(plan, seed=self.seed, shuffle=self.shuffle)
         self._reader = RangeReader(table, **self.read_options)
@@ -185,10 +244,20 @@ class Loader:
         if where is None:
             return None
         sources = sorted({inspect.getsourcefile(type(builder)), inspect.getsourcefile(BuiltPlan)})
-        key = {"table": table.digest, "problems": sorted(table.problems), "objective": self.objective.name,
-               "salt": self.objective.salt, "seq_len": self.seq_len, "options": dataclasses.asdict(self.options),
-               "vocab": self.vocab.ids, "seed": self.seed, "shuffle": self.shuffle, "window": self.window,
-               "streams": self.num_streams, "rule": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in sources]}
+        key = {
+            "table": table.digest,
+            "problems": sorted(table.problems),
+            "objective": self.objective.name,
+            "salt": self.objective.salt,
+            "seq_len": self.seq_len,
+            "options": dataclasses.asdict(self.options),
+            "vocab": self.vocab.ids,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "window": self.window,
+            "streams": self.num_streams,
+            "rule": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in sources],
+        }
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
         return PlanCache(f"{where}/plans/{self.split}-{digest}")
 
@@ -209,8 +278,9 @@ class Loader:
     def _source_epochs(self) -> list[int]:
         """A mixture's sources: the epoch each one's next sample is in (streams: stream 0's next unit)."""
         counts = self.mixture.blend.counts(self.steps if self.streams else self.samples)
-        return [p._setup().epoch_of(0, k) if self.streams else p._setup().epoch_of(k)
-                for p, k in zip(self.parts, counts)]
+        return [
+            p._setup().epoch_of(0, k) if self.streams else p._setup().epoch_of(k) for p, k in zip(self.parts, counts)
+        ]
 
     def next_step_epoch(self) -> int:
         """The epoch of the next step's last sample (a mixture: the furthest any source's is in; nothing is read)."""
@@ -268,9 +338,12 @@ class Loader:
         """What this rank has read so far and could not read: bytes and requests of its range reads,
         documents skipped after retries (this rank's), shards skipped (every rank alike)."""
         skipped = self.skipped
-        return {"bytes_read": self.read_stats.bytes, "read_requests": self.read_stats.requests,
-                "skipped_documents": sum(n for k, n in skipped.items() if k.startswith("unreadable_document:")),
-                "skipped_shards": sum(n for k, n in skipped.items() if k.startswith("unreadable_shard:"))}
+        return {
+            "bytes_read": self.read_stats.bytes,
+            "read_requests": self.read_stats.requests,
+            "skipped_documents": sum(n for k, n in skipped.items() if k.startswith("unreadable_document:")),
+            "skipped_shards": sum(n for k, n in skipped.items() if k.startswith("unreadable_shard:")),
+        }
 
     def my_rows(self) -> list[list[int]]:
         """This rank's rows of the global batch, one list per micro batch."""
@@ -297,26 +370,37 @@ class Loader:
             return {row: (0, self.samples + row, self.locate(row)) for row in rows}
         if self.streams:
             sources, units = self.mixture.blend.stream_assign(self.steps, self.num_streams)
-            return {row: (int(sources[row]), int(units[row]) * self.num_streams + row,
-                          self.parts[sources[row]]._setup().locate(row, int(units[row]))) for row in rows}
+            return {
+                row: (
+                    int(sources[row]),
+                    int(units[row]) * self.num_streams + row,
+                    self.parts[sources[row]]._setup().locate(row, int(units[row])),
+                )
+                for row in rows
+            }
         sources, numbers = self.mixture.blend.assign(self.samples, self.global_batch_size)  # the whole step: cheap
-        return {row: (int(sources[row]), int(numbers[row]), self.parts[sources[row]]._setup().locate(int(numbers[row])))
-                for row in rows}
+        return {
+            row: (int(sources[row]), int(numbers[row]), self.parts[sources[row]]._setup().locate(int(numbers[row])))
+            for row in rows
+        }
 
     def next_step(self, *, build: bool = True) -> list[dict[str, torch.Tensor]]:
         """This rank's ``grad_accum_steps`` micro batches for the next optimizer step
         (``build=False``: advance past the step without reading, noising or collating -- for workers)."""
         rows = self.my_rows()
         located = self._locate_step([row for micro in rows for row in micro])
-        self.last_samples = [(self.samples + row, loc.epoch, loc.unit_id, *([s] if self.mixture else []))
-                             for row, (s, _, loc) in located.items()]
+        self.last_samples = [
+            (self.samples + row, loc.epoch, loc.unit_id, *([s] if self.mixture else []))
+            for row, (s, _, loc) in located.items()
+        ]
         out = self._build(rows, located) if build else []
         self.samples += self.global_batch_size
         self.steps += 1
         return out
 
-    def _build(self, rows: list[list[int]], located: dict[int, tuple[int, int, Located]]
-               ) -> list[dict[str, torch.Tensor]]:
+    def _build(
+        self, rows: list[list[int]], located: dict[int, tuple[int, int, Located]]
+    ) -> list[dict[str, torch.Tensor]]:
         samples = {}
         for s, part in enumerate(self.parts or [self]):
             units = {row: (k, loc) for row, (src, k, loc) in located.items() if src == s}
@@ -348,9 +432,18 @@ class Loader:
         return out
 
     def state_dict(self) -> dict:
-        state = {"format": STATE_FORMAT, "samples": self.samples, "steps": self.steps, "epoch": self.epoch,
-                 "objective": self.objective.name, "global_batch_size": self.global_batch_size,
-                 "streams": self.num_streams, "seed": self.seed, "num_shards": self.num_shards, "window": self.window}
+        state = {
+            "format": STATE_FORMAT,
+            "samples": self.samples,
+            "steps": self.steps,
+            "epoch": self.epoch,
+            "objective": self.objective.name,
+            "global_batch_size": self.global_batch_size,
+            "streams": self.num_streams,
+            "seed": self.seed,
+            "num_shards": self.num_shards,
+            "window": self.window,
+        }
         return {**state, "mixture": self.mixture.state()} if self.mixture is not None else state
 
     def load_state_dict(self, state: dict) -> None:
@@ -361,28 +454,38 @@ class Loader:
     def _check_position(self, state: dict) -> None:
         """The saved order is this run's: same format, objective, streams, seed, shards, window and mixture."""
         if state.get("format") != STATE_FORMAT:
-            raise PositionMismatch(f"the data position was saved by the loader before sample indices (format "
-                                   f"{state.get('format', 'v0')!r}); it cannot be resumed exactly: start the run "
-                                   f"afresh or resume it with the glm-dist version that saved it")
+            raise PositionMismatch(
+                f"the data position was saved by the loader before sample indices (format "
+                f"{state.get('format', 'v0')!r}); it cannot be resumed exactly: start the run "
+                f"afresh or resume it with the glm-dist version that saved it"
+            )
         if state["objective"] != self.objective.name:
-            raise PositionMismatch(f"data position was saved for objective {state['objective']!r}, this run uses "
-                                   f"{self.objective.name!r}: resume with the same objective.name")
+            raise PositionMismatch(
+                f"data position was saved for objective {state['objective']!r}, this run uses "
+                f"{self.objective.name!r}: resume with the same objective.name"
+            )
         if state["streams"] != self.num_streams:
-            raise PositionMismatch(f"data position was saved for {state['streams']} streams, this run has "
-                                   f"{self.num_streams} (the global batch size of a streamed objective): resume "
-                                   f"with the same global batch")
+            raise PositionMismatch(
+                f"data position was saved for {state['streams']} streams, this run has "
+                f"{self.num_streams} (the global batch size of a streamed objective): resume "
+                f"with the same global batch"
+            )
         saved = (state["seed"], state["num_shards"], state["window"])
         if saved != (self.seed, self.num_shards, self.window):
-            raise PositionMismatch(f"data position was saved for seed {saved[0]} over {saved[1]} shards with a "
-                                   f"shuffle window of {saved[2]}; this run has seed {self.seed} over "
-                                   f"{self.num_shards} shards with a window of {self.window} -- resume with the same "
-                                   f"data, seed and window")
+            raise PositionMismatch(
+                f"data position was saved for seed {saved[0]} over {saved[1]} shards with a "
+                f"shuffle window of {saved[2]}; this run has seed {self.seed} over "
+                f"{self.num_shards} shards with a window of {self.window} -- resume with the same "
+                f"data, seed and window"
+            )
         mixture = self.mixture.state() if self.mixture is not None else None
         if state.get("mixture") != mixture:
-            raise PositionMismatch(f"data position was saved for {_order_of(state.get('mixture'))}, this run has "
-                                   f"{_order_of(mixture)}: the blended order would differ; resume with the same "
-                                   f"sources and weights (an epochs source's weight follows train.max_steps and the "
-                                   f"global batch)")
+            raise PositionMismatch(
+                f"data position was saved for {_order_of(state.get('mixture'))}, this run has "
+                f"{_order_of(mixture)}: the blended order would differ; resume with the same "
+                f"sources and weights (an epochs source's weight follows train.max_steps and the "
+                f"global batch)"
+            )
 
 
 def _order_of(mixture: dict | None) -> str:
@@ -392,16 +495,31 @@ def _order_of(mixture: dict | None) -> str:
     return "the mixture " + ", ".join(f"{n}={w}" for n, w in zip(mixture["names"], mixture["weights"]))
 
 
-def validation_batches(shards_dir: str | Mixture, *, seq_len: int, micro_batch_size: int, num_batches: int,
-                       dp_rank: int = 0, dp_size: int = 1, objective: str = DEFAULT_OBJECTIVE,
-                       options=None) -> list[tuple[dict[str, torch.Tensor], float]]:
+def validation_batches(
+    shards_dir: str | Mixture,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    num_batches: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    objective: str = DEFAULT_OBJECTIVE,
+    options=None,
+) -> list[tuple[dict[str, torch.Tensor], float]]:
     """The fixed validation set (the first ``num_batches`` batches of the held-out split, in stored
     order, fixed noise), split round-robin over ranks; each rank reads only its own batches. Each
     rank gets the same number of (batch, weight) pairs; padding entries have weight 0 so every rank
     runs the same number of forward passes. A mixture: each source's own set in turn (up to
     ``num_batches`` each, so a small held-out split limits only its own), every row with its ``source``."""
-    kw = dict(seq_len=seq_len, micro_batch_size=micro_batch_size, num_batches=num_batches, dp_rank=dp_rank,
-              dp_size=dp_size, objective=objective, options=options)
+    kw = dict(
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        num_batches=num_batches,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        objective=objective,
+        options=options,
+    )
     if isinstance(shards_dir, Mixture):
         out = []
         for s, root in enumerate(shards_dir.shards_dirs):
@@ -409,8 +527,14 @@ def validation_batches(shards_dir: str | Mixture, *, seq_len: int, micro_batch_s
                 batch["source"] = torch.full((len(next(iter(batch.values()))),), s, dtype=torch.long)  # (B,)
                 out.append((batch, weight))
         return out
-    kw = dict(objective=objective, split="validation", seq_len=seq_len, micro_batch_size=micro_batch_size,
-              shuffle=False, options=options)
+    kw = dict(
+        objective=objective,
+        split="validation",
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        shuffle=False,
+        options=options,
+    )
     loader, mine, count = Loader(shards_dir, **kw), [], 0
     for i in range(num_batches):
         if loader.next_step_epoch() > 0 and count:
@@ -430,9 +554,14 @@ def check_validation_read(loader: Loader) -> None:
     alike (their index or size is wrong) leave the set smaller, said once."""
     counts = loader.read_counts()
     if counts["skipped_documents"]:
-        raise GlmError(f"validation: {counts['skipped_documents']} held-out document(s) of {loader.root} could not "
-                       f"be read after data.read_retries ({loader.read_errors[0]}); their loss would score padding: "
-                       f"make the shards readable and start again")
+        raise GlmError(
+            f"validation: {counts['skipped_documents']} held-out document(s) of {loader.root} could not "
+            f"be read after data.read_retries ({loader.read_errors[0]}); their loss would score padding: "
+            f"make the shards readable and start again"
+        )
     if counts["skipped_shards"]:
-        log.warning("validation: %d shard(s) of the held-out split skipped, the validation set is that much "
-                    "smaller: %s", counts["skipped_shards"], "; ".join(sorted(loader.skipped)))
+        log.warning(
+            "validation: %d shard(s) of the held-out split skipped, the validation set is that much smaller: %s",
+            counts["skipped_shards"],
+            "; ".join(sorted(loader.skipped)),
+        )

@@ -6,6 +6,7 @@ makes -- counted by the blended index itself (data/mixture.py), so the table is 
 not an estimate. A source the run repeats more than ``data.max_epochs_warning`` times gets a warning
 line (Muennighoff et al. 2023). Missing shard sets are tokenized first, as ``glm train`` would.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,25 @@ def global_batch(cfg: Config, world_size: int = 1) -> int:
 def mix_table(cfg: Config, *, world_size: int = 1) -> list[dict]:
     """One row per source (``COLUMNS`` plus ``shards_dir``), the shard sets built where missing."""
     if not cfg.data.mixture:
-        raise ConfigError("data.mixture is empty: glm data mix tabulates a mixture of sources (the config trains on "
-                          f"the one data.shards_dir={cfg.data.shards_dir})")
+        raise ConfigError(
+            "data.mixture is empty: glm data mix tabulates a mixture of sources (the config trains on "
+            f"the one data.shards_dir={cfg.data.shards_dir})"
+        )
     build_missing(cfg.data)
     length, samples = seq_len(cfg), cfg.train.max_steps * global_batch(cfg, world_size)
     mixture = resolve_mixture(cfg.data, total_tokens=samples * length, where=source_of(cfg, "data.mixture"))
     drawn = mixture.drawn(samples, length)
-    return [{"source": name, "shards_dir": root, "tokens": size, "weight": weight, "drawn": drawn[name]["tokens"],
-             "epochs": drawn[name]["epochs"]}
-            for name, root, size, weight in zip(mixture.names, mixture.shards_dirs, mixture.sizes, mixture.weights)]
+    return [
+        {
+            "source": name,
+            "shards_dir": root,
+            "tokens": size,
+            "weight": weight,
+            "drawn": drawn[name]["tokens"],
+            "epochs": drawn[name]["epochs"],
+        }
+        for name, root, size, weight in zip(mixture.names, mixture.shards_dirs, mixture.sizes, mixture.weights)
+    ]
 
 
 def warnings(rows: list[dict], limit: float) -> list[str]:
@@ -55,8 +66,9 @@ def print_table(rows: list[dict], *, limit: float, out: TextIO | None = None) ->
     width = max(len("source"), *(len(r["source"]) for r in rows))
     out.write(f"{'source':<{width}}  {'tokens':>15}  {'weight':>7}  {'drawn':>15}  {'epochs':>7}\n")
     for r in rows:
-        out.write(f"{r['source']:<{width}}  {r['tokens']:>15,}  {r['weight']:>7.1%}  {r['drawn']:>15,}  "
-                  f"{r['epochs']:>7.2f}\n")
+        out.write(
+            f"{r['source']:<{width}}  {r['tokens']:>15,}  {r['weight']:>7.1%}  {r['drawn']:>15,}  {r['epochs']:>7.2f}\n"
+        )
     total = sum(r["drawn"] for r in rows)
     out.write(f"{'total':<{width}}  {sum(r['tokens'] for r in rows):>15,}  {1:>7.1%}  {total:>15,}\n")
     for line in warnings(rows, limit):
@@ -65,10 +77,15 @@ def print_table(rows: list[dict], *, limit: float, out: TextIO | None = None) ->
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--config", required=True, help="YAML config file (with optional base:)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="override config keys, e.g. train.max_steps=1000")
-    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
-                        help="processes of the run (its data-parallel size sets the global batch)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=1000"
+    )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=int(os.environ.get("WORLD_SIZE", 1)),
+        help="processes of the run (its data-parallel size sets the global batch)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
 
 

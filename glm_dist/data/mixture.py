@@ -22,6 +22,7 @@ position of source s is the next unit of source s's own stream b (its regions, i
 stream draws its next unit from the mixture, every step mixes the sources by their weights, and
 everything stays a closed form of (stream, step).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,10 @@ class BlendedIndex:
         first, last = self.counts(start), self.counts(start + n)
         due = [(s, k) for s in range(len(self.w)) for k in range(first[s], last[s])]
         due.sort(key=lambda sk: self.rank(*sk))
-        return (np.asarray([s for s, _ in due], dtype=np.int64).reshape(n),
-                np.asarray([k for _, k in due], dtype=np.int64).reshape(n))
+        return (
+            np.asarray([s for s, _ in due], dtype=np.int64).reshape(n),
+            np.asarray([k for _, k in due], dtype=np.int64).reshape(n),
+        )
 
     def stream_assign(self, step: int, streams: int) -> tuple[np.ndarray, np.ndarray]:
         """XLNet's streams: stream b's t-th unit is blend position b + t, so step t's rows are
@@ -129,8 +132,10 @@ class Mixture:
         (tokens drawn / tokens available), exactly; ``streams`` > 1: drawn as that many XLNet streams
         (a loader's saved position holds both)."""
         counts = self.blend.stream_counts(samples // streams, streams) if streams > 1 else self.blend.counts(samples)
-        return {name: {"tokens": k * seq_len, "epochs": k * seq_len / size}
-                for name, k, size in zip(self.names, counts, self.sizes)}
+        return {
+            name: {"tokens": k * seq_len, "epochs": k * seq_len / size}
+            for name, k, size in zip(self.names, counts, self.sizes)
+        }
 
     def state(self) -> dict:
         """What a saved data position depends on: resuming with other sources or weights is refused."""
@@ -166,16 +171,20 @@ def resolve_mixture(data: DataConfig, *, total_tokens: int, where: str = "") -> 
     sizes = [source_size(m) for m in manifests]
     for s, size in zip(sources, sizes):
         if size == 0:
-            raise ShardSetError(f"data.mixture source {s.name!r} ({s.shards_dir}) has no training tokens: "
-                                f"rebuild it from a non-empty source or leave it out")
+            raise ShardSetError(
+                f"data.mixture source {s.name!r} ({s.shards_dir}) has no training tokens: "
+                f"rebuild it from a non-empty source or leave it out"
+            )
     if data.mixing != "weights":
         weights = mixing_weights(sizes, mixing=data.mixing, cap=data.mixing_cap, temperature=data.mixing_temperature)
         if min(weights) <= 0:
-            raise ConfigError(f"data.mixing_temperature={data.mixing_temperature} leaves a source a weight of 0 "
-                              f"({where}): raise it")
+            raise ConfigError(
+                f"data.mixing_temperature={data.mixing_temperature} leaves a source a weight of 0 ({where}): raise it"
+            )
     else:
-        shares = [s.weight if s.weight is not None else s.epochs * size / total_tokens
-                  for s, size in zip(sources, sizes)]
+        shares = [
+            s.weight if s.weight is not None else s.epochs * size / total_tokens for s, size in zip(sources, sizes)
+        ]
         weights = check_weight_sum(shares, normalize=data.normalize_weights, where=where)
     return Mixture(tuple(s.name for s in sources), tuple(s.shards_dir for s in sources), tuple(sizes), tuple(weights))
 
@@ -184,8 +193,10 @@ def _manifest(source: MixtureSource) -> dict:
     try:
         return read_manifest(source.shards_dir)
     except (OSError, ValueError) as err:
-        raise ShardSetError(f"data.mixture source {source.name!r}: no usable shard set at {source.shards_dir} "
-                            f"({err}); give it a source to tokenize, or run glm data tokenize") from None
+        raise ShardSetError(
+            f"data.mixture source {source.name!r}: no usable shard set at {source.shards_dir} "
+            f"({err}); give it a source to tokenize, or run glm data tokenize"
+        ) from None
 
 
 def tokenizer_identity(manifest: dict) -> str:
@@ -205,11 +216,14 @@ def check_tokenizers(sources: list[MixtureSource], manifests: list[dict]) -> Non
     """Every source's tokens come from one tokenizer (the first source's)."""
     first = manifests[0]["tokenizer"]["sha256"]
     for s, m in zip(sources[1:], manifests[1:]):
-        if m["tokenizer"]["sha256"] != first and (canonical_tokenizer(s.shards_dir, m)
-                                                  != canonical_tokenizer(sources[0].shards_dir, manifests[0])):
-            raise ConfigError(f"data.mixture sources {sources[0].name!r} and {s.name!r} use different tokenizers "
-                              f"({tokenizer_identity(manifests[0])} vs {tokenizer_identity(m)}): rebuild "
-                              f"{s.shards_dir} with {sources[0].shards_dir}/tokenizer.json")
+        if m["tokenizer"]["sha256"] != first and (
+            canonical_tokenizer(s.shards_dir, m) != canonical_tokenizer(sources[0].shards_dir, manifests[0])
+        ):
+            raise ConfigError(
+                f"data.mixture sources {sources[0].name!r} and {s.name!r} use different tokenizers "
+                f"({tokenizer_identity(manifests[0])} vs {tokenizer_identity(m)}): rebuild "
+                f"{s.shards_dir} with {sources[0].shards_dir}/tokenizer.json"
+            )
 
 
 def build_missing(data: DataConfig) -> None:
@@ -222,34 +236,50 @@ def build_missing(data: DataConfig) -> None:
     for i, s in enumerate(sources):
         if not (Path(s.shards_dir) / "manifest.json").exists():
             if s.source is None:
-                raise ShardSetError(f"data.mixture source {s.name!r}: {s.shards_dir} holds no shard set and the "
-                                    f"source gives no 'source' to build it from")
+                raise ShardSetError(
+                    f"data.mixture source {s.name!r}: {s.shards_dir} holds no shard set and the "
+                    f"source gives no 'source' to build it from"
+                )
             log.info("tokenizing data.mixture source %r (%s) into %s", s.name, s.source, s.shards_dir)
-            prepare_shards(source=s.source, out_dir=s.shards_dir, tokenizer=tokenizer, profile=data.tokenizer_profile,
-                           workers=data.encode_workers, vocab_size=data.vocab_size,
-                           val_per_mille=data.val_per_mille, shard_max_bytes=data.shard_max_bytes,
-                           text_field=data.text_field, max_record_mb=data.max_record_mb)
+            prepare_shards(
+                source=s.source,
+                out_dir=s.shards_dir,
+                tokenizer=tokenizer,
+                profile=data.tokenizer_profile,
+                workers=data.encode_workers,
+                vocab_size=data.vocab_size,
+                val_per_mille=data.val_per_mille,
+                shard_max_bytes=data.shard_max_bytes,
+                text_field=data.text_field,
+                max_record_mb=data.max_record_mb,
+            )
         if i == 0:
             tokenizer = f"{s.shards_dir}/{read_manifest(s.shards_dir)['tokenizer']['file']}"
 
 
 def repeat_warnings(epochs: dict[str, float], limit: float) -> list[str]:
     """A line per source repeated more than ``limit`` times (its name -> epochs drawn)."""
-    return [f"data.mixture source {name!r} is repeated {n:.2f} times, more than data.max_epochs_warning={limit:g} "
-            f"(repeated tokens are worth less than new ones: Muennighoff et al. 2023); lower its weight or add data"
-            for name, n in epochs.items() if n > limit]
+    return [
+        f"data.mixture source {name!r} is repeated {n:.2f} times, more than data.max_epochs_warning={limit:g} "
+        f"(repeated tokens are worth less than new ones: Muennighoff et al. 2023); lower its weight or add data"
+        for name, n in epochs.items()
+        if n > limit
+    ]
 
 
-def run_mixture(data: DataConfig, *, samples: int, seq_len: int, own_loader: bool = False,
-                where: str = "") -> Mixture | None:
+def run_mixture(
+    data: DataConfig, *, samples: int, seq_len: int, own_loader: bool = False, where: str = ""
+) -> Mixture | None:
     """A training run's mixture (None: one shard set), resolved for ``samples`` global samples of
     ``seq_len`` tokens, with a warning per source it repeats more than data.max_epochs_warning.
     ``own_loader``: the objective schedules its own batches from one set's splits (CVT), refused."""
     if not data.mixture:
         return None
     if own_loader:
-        raise ConfigError(f"data.mixture ({where}) feeds objectives that read token shards; this objective "
-                          f"alternates the splits of one shard set: give it data.shards_dir instead")
+        raise ConfigError(
+            f"data.mixture ({where}) feeds objectives that read token shards; this objective "
+            f"alternates the splits of one shard set: give it data.shards_dir instead"
+        )
     mixture = resolve_mixture(data, total_tokens=samples * seq_len, where=where)
     drawn = mixture.drawn(samples, seq_len)
     for line in repeat_warnings({name: row["epochs"] for name, row in drawn.items()}, data.max_epochs_warning):

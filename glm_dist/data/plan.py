@@ -18,6 +18,7 @@ Streams (XLNet's memory): the epoch's documents are cut into ``streams`` contigu
 token count (Transformer-XL's batchify), each read by its own builder; the regions are dealt to the
 streams in a permutation per epoch, and a stream's units stay in order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -114,8 +115,9 @@ def unit_arrays(unit: EncodedUnit) -> list[np.ndarray]:
 
 def unit_pieces(unit: EncodedUnit) -> np.ndarray:
     """(P, 3) document pieces the unit packs: doc, first token, token count (one per address run)."""
-    runs = np.concatenate([np.zeros((0, 3), dtype=np.int64)]
-                          + [leaf for leaf in unit.leaves if isinstance(leaf, np.ndarray)])
+    runs = np.concatenate(
+        [np.zeros((0, 3), dtype=np.int64)] + [leaf for leaf in unit.leaves if isinstance(leaf, np.ndarray)]
+    )
     runs = runs[runs[:, 0] >= ADDRESS]
     key = runs[:, 0] - ADDRESS
     first = np.where(runs[:, 2] < 0, (key & TOKEN_MASK) - runs[:, 1] + 1, key & TOKEN_MASK)
@@ -223,8 +225,16 @@ class BuiltPlan:
     ``make_builders()`` gives one builder per stream; ``rng_for(epoch)`` their planning RNGs;
     ``cache`` (data/plan_cache.py) keeps planned epochs for later runs."""
 
-    def __init__(self, order: DocumentOrder, make_builders: Callable[[], list], rng_for: Callable, *,
-                 seed: int, shuffle: bool, cache=None):
+    def __init__(
+        self,
+        order: DocumentOrder,
+        make_builders: Callable[[], list],
+        rng_for: Callable,
+        *,
+        seed: int,
+        shuffle: bool,
+        cache=None,
+    ):
         self.order, self.make_builders, self.rng_for = order, make_builders, rng_for
         self.seed, self.shuffle, self.cache = seed, shuffle, cache
         self.streams = len(make_builders())
@@ -294,9 +304,11 @@ class BuiltPlan:
         while seen + self._count(epoch, stream) <= k:
             empty = empty + 1 if self._count(epoch, stream) == 0 else 0
             if empty > MAX_EMPTY_EPOCHS:
-                raise ShardSetError(f"{MAX_EMPTY_EPOCHS} epochs of the split gave no training unit: it holds too "
-                                    f"few tokens ({self.order.tokens()}) for one unit; use more data or a shorter "
-                                    f"data.seq_len")
+                raise ShardSetError(
+                    f"{MAX_EMPTY_EPOCHS} epochs of the split gave no training unit: it holds too "
+                    f"few tokens ({self.order.tokens()}) for one unit; use more data or a shorter "
+                    f"data.seq_len"
+                )
             seen += self._count(epoch, stream)
             epoch += 1
         return epoch

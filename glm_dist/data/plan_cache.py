@@ -14,6 +14,7 @@ cache rewritten, and a warning says which file was wrong.
 Shared tables a unit refers to (``plan.consts``) are saved with the epoch and matched by value
 to the tables the running plan already has, so units read back refer to the same objects.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,9 @@ class PlanCache:
             with open(meta_path, "rb") as f:
                 meta = json.loads(f.read(MAX_META_BYTES + 1))
             if not isinstance(meta, dict) or meta.get("format") != PLAN_FORMAT:
-                raise CorruptPlan(f"format {meta.get('format') if isinstance(meta, dict) else None!r}, "
-                                  f"not {PLAN_FORMAT!r}")
+                raise CorruptPlan(
+                    f"format {meta.get('format') if isinstance(meta, dict) else None!r}, not {PLAN_FORMAT!r}"
+                )
             with np.load(self._verified_npz(epoch, meta), allow_pickle=False) as npz:
                 arrays = {k: npz[k] for k in npz.files}
             return _units(meta, arrays, consts), meta["ends"]
@@ -107,8 +109,13 @@ class PlanCache:
             buf = io.BytesIO()
             np.savez(buf, **arrays)
             data = buf.getvalue()
-            meta = {"format": PLAN_FORMAT, "trees": trees, "ends": ends, "npz_bytes": len(data),
-                    "npz_sha256": hashlib.sha256(data).hexdigest()}
+            meta = {
+                "format": PLAN_FORMAT,
+                "trees": trees,
+                "ends": ends,
+                "npz_bytes": len(data),
+                "npz_sha256": hashlib.sha256(data).hexdigest(),
+            }
             _write(self.folder / f"epoch-{epoch}.npz", data)
             _write(self.folder / f"epoch-{epoch}.json", json.dumps(meta).encode())
         except (OSError, TypeError, ValueError) as err:
@@ -165,7 +172,7 @@ def _units(meta: dict, arrays: dict[str, np.ndarray], consts: list) -> list[list
                 runs, at = arrays[f"t{t}_runs{j}"], arrays[f"t{t}_ptr{j}"]
                 if len(at) != size + 1 or at[-1] != len(runs):
                     raise CorruptPlan(f"tree {t} leaf {j}: {len(at) - 1} run lists for {size} units")
-                columns.append([runs[at[u]:at[u + 1]] for u in range(size)])
+                columns.append([runs[at[u] : at[u + 1]] for u in range(size)])
             else:
                 values = arrays[f"t{t}_leaf{j}"]
                 if len(values) != size:
@@ -177,7 +184,7 @@ def _units(meta: dict, arrays: dict[str, np.ndarray], consts: list) -> list[list
     for t in tree_of.tolist():
         flat.append(groups[t][taken[t]])
         taken[t] += 1
-    return [flat[ptr[b]:ptr[b + 1]] for b in range(len(ptr) - 1)]
+    return [flat[ptr[b] : ptr[b + 1]] for b in range(len(ptr) - 1)]
 
 
 def _write(path: Path, data: bytes) -> None:

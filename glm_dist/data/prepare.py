@@ -1,4 +1,5 @@
 """Make sure the run's shard sets exist: rank 0 builds them (from ``data.*``), the others wait."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +24,17 @@ def ensure_shards(data: DataConfig, dist: DistInfo) -> dict:
     elif dist.is_main and not (Path(data.shards_dir) / "manifest.json").exists():
         from data_pipeline.tokenize.prepare import prepare_shards
 
-        prepare_shards(source=data.source, out_dir=data.shards_dir, tokenizer=data.tokenizer,
-                       profile=data.tokenizer_profile, workers=data.encode_workers,
-                       vocab_size=data.vocab_size, val_per_mille=data.val_per_mille,
-                       shard_max_bytes=data.shard_max_bytes, text_field=data.text_field,
-                       max_record_mb=data.max_record_mb)
+        prepare_shards(
+            source=data.source,
+            out_dir=data.shards_dir,
+            tokenizer=data.tokenizer,
+            profile=data.tokenizer_profile,
+            workers=data.encode_workers,
+            vocab_size=data.vocab_size,
+            val_per_mille=data.val_per_mille,
+            shard_max_bytes=data.shard_max_bytes,
+            text_field=data.text_field,
+            max_record_mb=data.max_record_mb,
+        )
     comm.barrier()
     return read_manifest(run_shards_dir(data))

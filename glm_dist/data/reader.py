@@ -17,6 +17,7 @@ different shards in a row fail (nothing read between them), the shards are unrea
 those asked (HTTP 200 and the whole file: it ignores ``Range``) stops it at the first read with
 ``RangeUnsupported``: no read of it can ever work, so it is neither retried nor padded.
 """
+
 from __future__ import annotations
 
 import logging
@@ -98,8 +99,12 @@ class TokenStore:
             return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
         i = np.maximum(np.searchsorted(self.keys, keys, side="right") - 1, 0)
         first = self.keys[i]
-        found = ((first <= keys) & (keys >> DOC_SHIFT == first >> DOC_SHIFT) & ((keys & TOKEN_MASK) < self.ends[i])
-                 & self.ok[i])
+        found = (
+            (first <= keys)
+            & (keys >> DOC_SHIFT == first >> DOC_SHIFT)
+            & ((keys & TOKEN_MASK) < self.ends[i])
+            & self.ok[i]
+        )
         return found, self.bases[i] + (keys - first)
 
 
@@ -149,8 +154,8 @@ class RangeReader:
                 continue
             self._failing.clear()
             for m in members:
-                raw = data[start[m] - lo:stop[m] - lo]
-                buffer[bases[m]:bases[m + 1]] = np.frombuffer(raw, dtype=self.table.dtype)
+                raw = data[start[m] - lo : stop[m] - lo]
+                buffer[bases[m] : bases[m + 1]] = np.frombuffer(raw, dtype=self.table.dtype)
         return TokenStore(doc << DOC_SHIFT | first, end, bases[:-1], ok, buffer)
 
     def _requests(self, shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
@@ -159,8 +164,11 @@ class RangeReader:
         current: list[int] = []
         lo = hi = 0  # the open request's byte range, set when its first member joins
         for m in order:
-            if current and (shard[m] != shard[current[0]] or start[m] - hi > self.gap_bytes
-                            or max(hi, stop[m]) - lo > self.max_request_bytes):
+            if current and (
+                shard[m] != shard[current[0]]
+                or start[m] - hi > self.gap_bytes
+                or max(hi, stop[m]) - lo > self.max_request_bytes
+            ):
                 yield shard[current[0]], current, lo, hi
                 current = []
             if not current:
@@ -177,10 +185,12 @@ class RangeReader:
         log.warning("skipping %d document(s), their tokens padded: %s", len(np.unique(docs)), err)
         self._failing.add(shard)
         if len(self._failing) >= min(FAILING_SHARDS, int(self.table.usable.sum())):
-            raise DataUnreachable(f"the reads of {len(self._failing)} different shard(s) of {self.table.root} failed "
-                                  f"in a row after data.read_retries={self.retries} retries each, nothing read "
-                                  f"between them (last: {err}); the shards are unreachable and the batches would "
-                                  f"be padding: check the location and the network, then resume the run")
+            raise DataUnreachable(
+                f"the reads of {len(self._failing)} different shard(s) of {self.table.root} failed "
+                f"in a row after data.read_retries={self.retries} retries each, nothing read "
+                f"between them (last: {err}); the shards are unreachable and the batches would "
+                f"be padding: check the location and the network, then resume the run"
+            )
 
     def _read(self, shard: int, start: int, size: int) -> bytes:
         if shard in self._dead:
@@ -199,11 +209,14 @@ class RangeReader:
                 if isinstance(err, ValueError) and FSSPEC_NO_RANGES in str(err):
                     raise RangeUnsupported(self._no_ranges(shard, start, size)) from None
                 if attempt == self.retries:
-                    raise OSError(f"{self.table.url(shard)}: bytes {start}-{start + size}: {err}; gave up after "
-                                  f"{attempt + 1} attempt(s)") from None
+                    raise OSError(
+                        f"{self.table.url(shard)}: bytes {start}-{start + size}: {err}; gave up after "
+                        f"{attempt + 1} attempt(s)"
+                    ) from None
                 wait = min(self.backoff_s * 2.0 ** min(attempt, 32), MAX_BACKOFF_S)
-                log.warning("%s: %s; retry %d of %d in %g s", self.table.url(shard), err, attempt + 1, self.retries,
-                            wait)
+                log.warning(
+                    "%s: %s; retry %d of %d in %g s", self.table.url(shard), err, attempt + 1, self.retries, wait
+                )
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -222,10 +235,12 @@ class RangeReader:
         return b"".join(chunks)
 
     def _no_ranges(self, shard: int, start: int, size: int) -> str:
-        return (f"{self.table.url(shard)}: the server ignores HTTP range requests (asked for bytes {start}-"
-                f"{start + size - 1}, it answered with other bytes, e.g. HTTP 200 and the whole file); shards are "
-                f"read by byte range, so the server must support range requests (HTTP 206, as object stores and "
-                f"most web servers do): serve them from one that does, or copy them to a local folder")
+        return (
+            f"{self.table.url(shard)}: the server ignores HTTP range requests (asked for bytes {start}-"
+            f"{start + size - 1}, it answered with other bytes, e.g. HTTP 200 and the whole file); shards are "
+            f"read by byte range, so the server must support range requests (HTTP 206, as object stores and "
+            f"most web servers do): serve them from one that does, or copy them to a local folder"
+        )
 
     def _file(self, shard: int):
         if shard in self._files:
@@ -256,8 +271,10 @@ class RangeReader:
         size = f.seek(0, 2)
         if size != self.table.shard_bytes[shard]:
             f.close()
-            raise _Permanent(f"{self.table.url(shard)} is {size} bytes but its index was made for "
-                             f"{self.table.shard_bytes[shard]}: truncated, corrupt or replaced")
+            raise _Permanent(
+                f"{self.table.url(shard)} is {size} bytes but its index was made for "
+                f"{self.table.shard_bytes[shard]}: truncated, corrupt or replaced"
+            )
         return f
 
     def _close(self, shard: int) -> None:

@@ -8,6 +8,7 @@ file the manifest names stays inside the set's folder: no ``..``, no absolute pa
 local folder no shard or index behind a symlink that leads out of it (``glm data index`` writes
 beside the shards).
 """
+
 from __future__ import annotations
 
 import io
@@ -54,8 +55,9 @@ def read_manifest(root: str) -> dict:
         with open_shard_file(url) as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        raise ShardSetError(f"{url} not found: build the shards first (glm data tokenize -c CONFIG), or point "
-                            f"data.shards_dir at them") from None
+        raise ShardSetError(
+            f"{url} not found: build the shards first (glm data tokenize -c CONFIG), or point data.shards_dir at them"
+        ) from None
     except OSError as err:
         raise ShardSetError(f"{url} cannot be read: {err}") from None
     try:
@@ -77,30 +79,37 @@ def check_confined(root: str, manifest: dict) -> None:
     """Refuse a manifest that names a file outside ``root`` (``ShardSetError``, one line): every name
     is relative and has no ``..``; in a local folder the shards and their index files are not reached
     through a symlink that leads out of it (the tokenizer may be: a counts set shares its token set's)."""
-    split_names = [(e[k], k) for split in manifest["splits"].values() for e in split
-                   for k in ("name", "index") if e.get(k)]
-    others = [(t["file"], f"{key}.file") for key in ("tokenizer", "target_tokenizer")
-              if isinstance(t := manifest.get(key), dict) and "file" in t]
+    split_names = [
+        (e[k], k) for split in manifest["splits"].values() for e in split for k in ("name", "index") if e.get(k)
+    ]
+    others = [
+        (t["file"], f"{key}.file")
+        for key in ("tokenizer", "target_tokenizer")
+        if isinstance(t := manifest.get(key), dict) and "file" in t
+    ]
     for name, key in split_names + others:
         parts = name.replace("\\", "/").split("/") if isinstance(name, str) else [""]
         if not parts[0] or ".." in parts or ":" in parts[0]:
-            raise ShardSetError(f"{root}/manifest.json: {key} {name!r} is not a file inside the shard set (absolute, "
-                                f"'..', a URL or empty); fix the manifest or rebuild the set with glm data tokenize")
-    local = root[len("file://"):] if root.startswith("file://") else root
+            raise ShardSetError(
+                f"{root}/manifest.json: {key} {name!r} is not a file inside the shard set (absolute, "
+                f"'..', a URL or empty); fix the manifest or rebuild the set with glm data tokenize"
+            )
+    local = root[len("file://") :] if root.startswith("file://") else root
     if "://" in local or "::" in local:
         return
     top = os.path.realpath(local)
     for name, key in split_names:
         real = os.path.realpath(os.path.join(local, name))
         if os.path.commonpath([top, real]) != top:
-            raise ShardSetError(f"{root}/manifest.json: {key} {name!r} leads out of the shard set through a "
-                                f"symlink (to {real}); copy the file into {root} or fix the manifest")
+            raise ShardSetError(
+                f"{root}/manifest.json: {key} {name!r} leads out of the shard set through a "
+                f"symlink (to {real}); copy the file into {root} or fix the manifest"
+            )
 
 
 def shard_urls(root: str, manifest: dict, split: str) -> list[str]:
     if split not in manifest["splits"]:
-        raise ShardSetError(f"split {split!r} not in {root}/manifest.json "
-                            f"(has: {', '.join(manifest['splits'])})")
+        raise ShardSetError(f"split {split!r} not in {root}/manifest.json (has: {', '.join(manifest['splits'])})")
     return [f"{root}/{s['name']}" for s in manifest["splits"][split]]
 
 
@@ -158,6 +167,7 @@ def read_shard(url: str, expected: int | None = None) -> list[Doc]:
     except Exception as err:  # tarfile.ReadError, EOFError, zlib errors, a missing or bad npy member
         raise OSError(f"shard {url} is unreadable after {len(docs)} documents: {err!r}") from err
     if expected is not None and len(docs) != expected:
-        raise OSError(f"shard {url} holds {len(docs)} documents but manifest.json lists {expected}: "
-                      f"truncated or corrupt")
+        raise OSError(
+            f"shard {url} holds {len(docs)} documents but manifest.json lists {expected}: truncated or corrupt"
+        )
     return docs

@@ -6,6 +6,7 @@ group (``comm.broadcast_batches``: a header and one buffer per step), and those 
 their sample position (``next_step(build=False)``: nothing read, noised or collated), so their saved
 data position is the same. Storage reads per replica are one rank's, not ``tensor_parallel`` times it.
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ it skips without reading), and torch's ``DataLoader`` hands the steps back in or
 so the state saved in a checkpoint is that of the last step consumed -- resume stays exact and
 elastic with any number of workers -- and with its worker's read counts so far (``read_counts``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,9 +61,16 @@ class WorkerLoader:
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         if self._it is None:
-            self._it = iter(DataLoader(_Steps(self._make, self._state), batch_size=None, num_workers=self.num_workers,
-                                       prefetch_factor=self.prefetch_factor, persistent_workers=False,
-                                       pin_memory=torch.cuda.is_available()))  # then copies to the GPU are async
+            self._it = iter(
+                DataLoader(
+                    _Steps(self._make, self._state),
+                    batch_size=None,
+                    num_workers=self.num_workers,
+                    prefetch_factor=self.prefetch_factor,
+                    persistent_workers=False,
+                    pin_memory=torch.cuda.is_available(),
+                )
+            )  # then copies to the GPU are async
         try:
             batches, self._state, (worker, counts) = next(self._it)
         except GlmError as err:  # a worker's: torch re-raises it with the worker's traceback as its message

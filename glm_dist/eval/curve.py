@@ -8,6 +8,7 @@ examples drawn from the task's training split with lm-eval's fixed seed). The cu
 (score vs k, a panel per task) and, with two or more checkpoints, ``OUT_size.png`` (score vs
 parameters, a line per k and metric).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,13 +38,30 @@ def curve_points(results: dict, *, checkpoint: str, params: int, k: int) -> list
             metric, _, filt = key.partition(",")
             if filt == "none" and not metric.endswith("_stderr") and isinstance(value, (int, float)):
                 stderr = metrics.get(f"{metric}_stderr,none")
-                points.append({"checkpoint": checkpoint, "params": params, "k": k, "task": task, "metric": metric,
-                               "value": float(value), "stderr": stderr if isinstance(stderr, (int, float)) else None})
+                points.append(
+                    {
+                        "checkpoint": checkpoint,
+                        "params": params,
+                        "k": k,
+                        "task": task,
+                        "metric": metric,
+                        "value": float(value),
+                        "stderr": stderr if isinstance(stderr, (int, float)) else None,
+                    }
+                )
     return points
 
 
-def run_curve(checkpoints: list[str], tasks: list[str], ks: list[int], *, include_path: str | None = None,
-              limit: float | None = None, batch_size: int = 8, out: str = "curve.json") -> dict | None:
+def run_curve(
+    checkpoints: list[str],
+    tasks: list[str],
+    ks: list[int],
+    *,
+    include_path: str | None = None,
+    limit: float | None = None,
+    batch_size: int = 8,
+    out: str = "curve.json",
+) -> dict | None:
     manager = task_manager(tasks, include_path)
     path = Path(out)
     curve = {"tasks": tasks, "ks": ks, "limit": limit, "checkpoints": [], "points": []}

@@ -28,6 +28,7 @@ and ``world_size``); metrics come back to rank 0 as JSON through ``glm_dist.para
 ``python -m glm_dist.eval.harness --model glm --model_args checkpoint=DIR --tasks ...`` is lm-eval's
 own command line with ``glm`` registered; ``glm eval --checkpoint DIR --tasks ...`` runs the same.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,10 +64,21 @@ def _int(value, default: int) -> int:
 class GlmLM(TemplateLM):
     backend = "causal"
 
-    def __init__(self, checkpoint: str | None = None, *, model: torch.nn.Module | None = None,
-                 tokenizer: Tokenizer | None = None, eot_id: int | None = None, start_id: int | None = None,
-                 batch_size: int | str = 8, max_gen_toks: int | str = 256, rolling_stride: int | str | None = None,
-                 device: str | None = None, prefix_cache: bool | str = True, **_ignored):
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer: Tokenizer | None = None,
+        eot_id: int | None = None,
+        start_id: int | None = None,
+        batch_size: int | str = 8,
+        max_gen_toks: int | str = 256,
+        rolling_stride: int | str | None = None,
+        device: str | None = None,
+        prefix_cache: bool | str = True,
+        **_ignored,
+    ):
         super().__init__()
         if checkpoint is not None:
             loaded = load_decoder(checkpoint)
@@ -86,8 +98,9 @@ class GlmLM(TemplateLM):
         self.prefix_cache = str(prefix_cache).lower() not in ("false", "0", "no")
         self.stride = _int(rolling_stride, self.max_length) if rolling_stride is not None else self.max_length
         if not 1 <= self.stride <= self.max_length:
-            raise HarnessError(f"rolling_stride={self.stride} must be between 1 and the context length "
-                               f"{self.max_length}")
+            raise HarnessError(
+                f"rolling_stride={self.stride} must be between 1 and the context length {self.max_length}"
+            )
 
     @property
     def eot_token_id(self) -> int:
@@ -121,8 +134,9 @@ class GlmLM(TemplateLM):
         return self.tok.decode(ids, skip_special_tokens=False)
 
     @torch.no_grad()
-    def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
-                              **kwargs) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests: list[Request], disable_tqdm: bool = False, **kwargs
+    ) -> list[tuple[float, bool]]:
         """Sum of log-probabilities of each continuation, and whether greedy decoding gives it.
         Requests that share their context (multiple choice) run it once (``_shared_context``)."""
         if self.seq2seq:
@@ -153,13 +167,13 @@ class GlmLM(TemplateLM):
         order = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         out = []
         for chunk in order.get_batched(n=self.batch_size):
-            inputs = [(ctx + cont)[-(self.max_length + 1):][:-1] for _, ctx, cont in chunk]  # cut from the left
+            inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in chunk]  # cut from the left
             batch = torch.zeros(len(inputs), max(map(len, inputs)), dtype=torch.long)
             for i, ids in enumerate(inputs):
-                batch[i, :len(ids)] = torch.tensor(ids)  # right padding: causal, so nothing real sees it
+                batch[i, : len(ids)] = torch.tensor(ids)  # right padding: causal, so nothing real sees it
             logprobs = F.log_softmax(self.model(batch.to(self._device)).float(), dim=-1)  # (B, T, V)
             for (_, _, cont), ids, lp in zip(chunk, inputs, logprobs):
-                out.append(_score(lp[len(ids) - len(cont):len(ids)], cont))  # the positions predicting cont
+                out.append(_score(lp[len(ids) - len(cont) : len(ids)], cont))  # the positions predicting cont
         return order.get_original(out)
 
     def _shared_context(self, requests: list[Request]) -> list[tuple[float, bool]]:
@@ -171,17 +185,17 @@ class GlmLM(TemplateLM):
         first = F.log_softmax(self.model(torch.tensor([ctx], device=self._device), cache)[0, -1:].float(), -1)
         out = []
         for start in range(0, len(requests), self.batch_size):
-            conts = [cont for _, _, cont in requests[start:start + self.batch_size]]
+            conts = [cont for _, _, cont in requests[start : start + self.batch_size]]
             width = max(len(c) for c in conts) - 1
             rows = [first.expand(len(c), -1) if width == 0 else None for c in conts]
             if width > 0:
                 batch = torch.zeros(len(conts), width, dtype=torch.long)
                 for i, cont in enumerate(conts):
-                    batch[i, :len(cont) - 1] = torch.tensor(cont[:-1])  # right padding, after the real tokens
+                    batch[i, : len(cont) - 1] = torch.tensor(cont[:-1])  # right padding, after the real tokens
                 copies = [{k: v.expand(len(conts), *v.shape[1:]) for k, v in c.items()} for c in cache]
                 later = F.log_softmax(self.model(batch.to(self._device), copies).float(), dim=-1)  # (B, width, V)
-                rows = [torch.cat([first, lp[:len(cont) - 1]]) for cont, lp in zip(conts, later)]
-            out.extend(_score(r[:len(cont)], cont) for r, cont in zip(rows, conts))
+                rows = [torch.cat([first, lp[: len(cont) - 1]]) for cont, lp in zip(conts, later)]
+            out.extend(_score(r[: len(cont)], cont) for r, cont in zip(rows, conts))
         return out
 
     def _encoder_decoder(self, requests: list[Request]) -> list[tuple[float, bool]]:
@@ -191,28 +205,34 @@ class GlmLM(TemplateLM):
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (_, ctx, _) in enumerate(requests):
-            groups.setdefault(tuple(ctx[-self.max_length:]), []).append(i)
+            groups.setdefault(tuple(ctx[-self.max_length :]), []).append(i)
         for ctx, members in groups.items():
             memory = self.model.encode(torch.tensor([ctx], device=self._device))  # (1, T_enc, C)
             for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
-                conts = [requests[i][2][-self.max_length:] for i in chunk]
+                chunk = members[start : start + self.batch_size]
+                conts = [requests[i][2][-self.max_length :] for i in chunk]
                 batch = torch.full((len(conts), max(map(len, conts))), self.start_id, dtype=torch.long)
                 for row, cont in enumerate(conts):
-                    batch[row, 1:len(cont)] = torch.tensor(cont[:-1])  # right padding: the decoder is causal
+                    batch[row, 1 : len(cont)] = torch.tensor(cont[:-1])  # right padding: the decoder is causal
                 logits = self.model.decode(batch.to(self._device), memory.expand(len(conts), -1, -1))
                 logprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T_dec, V)
                 for i, cont, lp in zip(chunk, conts, logprobs):
-                    out[i] = _score(lp[:len(cont)], cont)
+                    out[i] = _score(lp[: len(cont)], cont)
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each document's total log-likelihood, from the end-of-text token on, in sliding windows."""
         results = []
         for (text,) in [req.args for req in requests]:
-            windows = map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
-                context_len=self.max_length - self.stride + 1))
+            windows = map(
+                lm_utils.make_disjoint_window,
+                lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=self.max_length - self.stride + 1,
+                ),
+            )
             total = sum(ll for ll, _ in self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows]))
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             results.append(total)
@@ -232,23 +252,31 @@ class GlmLM(TemplateLM):
         budget = kwargs["max_gen_toks"]
         if budget >= self.max_length and not self.seq2seq:
             raise HarnessError(f"max_gen_toks={budget} must be below the context length {self.max_length}")
-        prompt = self.tok_encode(context)[-(self.max_length - (0 if self.seq2seq else budget)):]
+        prompt = self.tok_encode(context)[-(self.max_length - (0 if self.seq2seq else budget)) :]
         beams = int(kwargs.get("num_beams") or 1)
         strategy = "beam" if beams > 1 else "sample" if kwargs.get("do_sample") else "greedy"
-        cfg = GenerationConfig(max_new_tokens=budget, strategy=strategy, num_beams=beams,
-                               length_penalty=float(kwargs.get("length_penalty", 1.0)),
-                               early_stopping=bool(kwargs.get("early_stopping", False)),  # transformers' default
-                               temperature=float(kwargs.get("temperature") or 1.0), top_k=int(kwargs.get("top_k") or 0),
-                               top_p=float(kwargs.get("top_p") or 1.0), eos_id=self.eot)
+        cfg = GenerationConfig(
+            max_new_tokens=budget,
+            strategy=strategy,
+            num_beams=beams,
+            length_penalty=float(kwargs.get("length_penalty", 1.0)),
+            early_stopping=bool(kwargs.get("early_stopping", False)),  # transformers' default
+            temperature=float(kwargs.get("temperature") or 1.0),
+            top_k=int(kwargs.get("top_k") or 0),
+            top_p=float(kwargs.get("top_p") or 1.0),
+            eos_id=self.eot,
+        )
         text = TextStream(self.tok_decode)
         if strategy == "beam":  # a stop sequence ends a hypothesis as EOS does (lm-eval's hf stopping criteria)
+
             def stop(ids: list[int]) -> bool:
                 return any(s and s in self.tok_decode(ids) for s in until)
 
-            seq = generate(self.model, torch.tensor([prompt], device=self._device), cfg, start_id=self.start_id,
-                           stop=stop)[0]
-            seq = seq[1 if self.seq2seq else len(prompt):].tolist()  # the decoder's start token, or the prompt
-            text.ids = seq[:seq.index(self.eot) + 1] if self.eot in seq else seq
+            seq = generate(
+                self.model, torch.tensor([prompt], device=self._device), cfg, start_id=self.start_id, stop=stop
+            )[0]
+            seq = seq[1 if self.seq2seq else len(prompt) :].tolist()  # the decoder's start token, or the prompt
+            text.ids = seq[: seq.index(self.eot) + 1] if self.eot in seq else seq
             return postprocess_generated_text(text.text, until, None)
         for token in stream_tokens(self.model, prompt, cfg, start_id=self.start_id):
             text.push(token)
@@ -328,18 +356,22 @@ def task_manager(tasks: list[str], include_path: str | None = None):
         manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
-        raise HarnessError(f"unknown task {unknown[0]!r}: build the offline tasks with glm data eval-tasks --out DIR "
-                           "and pass --include-path DIR, or name one of lm-eval's tasks")
+        raise HarnessError(
+            f"unknown task {unknown[0]!r}: build the offline tasks with glm data eval-tasks --out DIR "
+            "and pass --include-path DIR, or name one of lm-eval's tasks"
+        )
     return manager
 
 
-def evaluate(lm: GlmLM, tasks: list[str], manager, *, num_fewshot: int | None = None,
-             limit: float | None = None) -> dict | None:
+def evaluate(
+    lm: GlmLM, tasks: list[str], manager, *, num_fewshot: int | None = None, limit: float | None = None
+) -> dict | None:
     """lm-eval's ``simple_evaluate`` plus ``acc_per_token`` for multiple-choice tasks; None off rank 0."""
     from lm_eval import simple_evaluate
 
-    results = simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-                              log_samples=True)
+    results = simple_evaluate(
+        model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager, log_samples=True
+    )
     if results is None:
         return None
     for task, samples in results.pop("samples").items():
@@ -348,7 +380,8 @@ def evaluate(lm: GlmLM, tasks: list[str], manager, *, num_fewshot: int | None = 
             mean = sum(hits) / len(hits)
             results["results"][task]["acc_per_token,none"] = mean
             results["results"][task]["acc_per_token_stderr,none"] = (
-                (mean * (1 - mean) / (len(hits) - 1)) ** 0.5 if len(hits) > 1 else "N/A")
+                (mean * (1 - mean) / (len(hits) - 1)) ** 0.5 if len(hits) > 1 else "N/A"
+            )
     return results
 
 
@@ -357,7 +390,7 @@ def per_token_hit(lm: GlmLM, sample: dict) -> float:
     highest mean log-likelihood per token (the model's own tokens) the gold one?"""
     args, resps = sample["arguments"], sample["resps"]
     n = len(args)
-    if n % 2 == 0 and all(ctx == "" for ctx, _ in args[n // 2:]) and any(ctx for ctx, _ in args[:n // 2]):
+    if n % 2 == 0 and all(ctx == "" for ctx, _ in args[n // 2 :]) and any(ctx for ctx, _ in args[: n // 2]):
         n //= 2  # acc_mutual_info's unconditional requests follow the choices
     means = []
     for (ctx, cont), resp in zip(args[:n], resps[:n]):
@@ -368,8 +401,16 @@ def per_token_hit(lm: GlmLM, sample: dict) -> float:
     return float(best in gold if isinstance(gold, list) else best == gold)
 
 
-def run_tasks(checkpoint: str, tasks: list[str], *, include_path: str | None = None, num_fewshot: int | None = None,
-              limit: float | None = None, batch_size: int = 8, out: str | None = None) -> dict | None:
+def run_tasks(
+    checkpoint: str,
+    tasks: list[str],
+    *,
+    include_path: str | None = None,
+    num_fewshot: int | None = None,
+    limit: float | None = None,
+    batch_size: int = 8,
+    out: str | None = None,
+) -> dict | None:
     """``glm eval --tasks``: lm-eval on a checkpoint (``evaluate``); prints lm-eval's table and
     writes its results JSON to ``out`` (rank 0; the other ranks return None)."""
     from lm_eval.utils import handle_non_serializable, make_table

@@ -9,6 +9,7 @@ rank that does not arrive stops the run with a message naming it, instead of a h
 evaluation runs between optimizer steps, so the steps' tokens/s never include it; its seconds are
 reported in its own row of metrics.jsonl (``kind: tasks``) and in W&B (``tasks/...``).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,9 @@ def task_names(cfg: EvalConfig) -> tuple[list[str], list[str]]:
         names.append(config["task"])
         folders.append(str(path.parent))
     if cfg.include_path and not Path(cfg.include_path).is_dir():
-        raise HarnessError(f"eval.include_path={cfg.include_path} is not a folder (build one: glm data eval-tasks "
-                           f"--out DIR)")
+        raise HarnessError(
+            f"eval.include_path={cfg.include_path} is not a folder (build one: glm data eval-tasks --out DIR)"
+        )
     return names, folders
 
 
@@ -90,8 +92,10 @@ def task_manager(cfg: EvalConfig):
         manager = TaskManager(include_path=folders or None)
     unknown = [t for t in names if not manager.match_tasks([t])]
     if unknown:
-        raise HarnessError(f"eval.tasks: unknown task {unknown[0]!r}: build the offline tasks with glm data "
-                           f"eval-tasks --out DIR and set eval.include_path=DIR, or name one of lm-eval's tasks")
+        raise HarnessError(
+            f"eval.tasks: unknown task {unknown[0]!r}: build the offline tasks with glm data "
+            f"eval-tasks --out DIR and set eval.include_path=DIR, or name one of lm-eval's tasks"
+        )
     return manager, names
 
 
@@ -100,21 +104,34 @@ def documents_per_task(spec: str, cfg: EvalConfig, manager) -> dict[str, int]:
     from lm_eval.evaluator_utils import get_sample_size
 
     tasks = manager.load([spec])["tasks"]
-    return {name: min(len(task.eval_docs), get_sample_size(task, cfg.limit) or len(task.eval_docs))
-            for name, task in tasks.items()}
+    return {
+        name: min(len(task.eval_docs), get_sample_size(task, cfg.limit) or len(task.eval_docs))
+        for name, task in tasks.items()
+    }
 
 
 class InLoopEval:
     """Built once by every rank (``rank`` / ``world_size``: its data-parallel place). Each entry of
     ``eval.tasks`` is scored by the ranks 0..n-1 that get documents of all its tasks (n <= world size)."""
 
-    def __init__(self, cfg: EvalConfig, *, model: torch.nn.Module, family_name: str, tokenizer: Tokenizer, profile: str,
-                 rank: int, world_size: int):
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        *,
+        model: torch.nn.Module,
+        family_name: str,
+        tokenizer: Tokenizer,
+        profile: str,
+        rank: int,
+        world_size: int,
+    ):
         from data_pipeline.tokenize.profiles import special_ids
 
         if not gives_next_token_logits(family_name):
-            raise HarnessError(f"eval.tasks scores decoder-only language models; this run trains a "
-                               f"{family_name} model, whose forward gives no next-token logits")
+            raise HarnessError(
+                f"eval.tasks scores decoder-only language models; this run trains a "
+                f"{family_name} model, whose forward gives no next-token logits"
+            )
         ids = special_ids(tokenizer, profile)
         self.cfg, self.tok, self.eot, self.rank = cfg, tokenizer, ids.get("eot", ids.get("eos")), rank
         if self.eot is None:
@@ -144,20 +161,39 @@ class InLoopEval:
         if missing != []:
             who = f"rank(s) {', '.join(map(str, missing))} did not arrive" if missing else "rank 0 did not answer"
             names = ", ".join(name for docs in self.documents for name in docs)
-            raise EvalTimeout(f"step {step}: the in-loop evaluation of {names} timed out after "
-                              f"eval.timeout_s={self.cfg.timeout_s:g} s: {who}; raise eval.timeout_s or lower "
-                              f"eval.limit")
+            raise EvalTimeout(
+                f"step {step}: the in-loop evaluation of {names} timed out after "
+                f"eval.timeout_s={self.cfg.timeout_s:g} s: {who}; raise eval.timeout_s or lower "
+                f"eval.limit"
+            )
         return {"seconds": time.perf_counter() - t0, **row} if self.rank == 0 else None
 
     def _evaluate(self, model: torch.nn.Module, spec: str, working: int) -> dict | None:
         from lm_eval import simple_evaluate
 
-        lm = _GroupLM(model=model, tokenizer=self.tok, eot_id=self.eot, batch_size=self.cfg.batch_size,
-                      rank=self.rank, world_size=working, group=self.groups.get(working),
-                      device=str(next(model.parameters()).device))
-        return simple_evaluate(model=lm, tasks=[spec], num_fewshot=self.cfg.num_fewshot, limit=self.cfg.limit,
-                               task_manager=self.manager, log_samples=False, bootstrap_iters=0, verbosity="ERROR",
-                               random_seed=None, numpy_random_seed=None, torch_random_seed=None)  # the run's RNG
+        lm = _GroupLM(
+            model=model,
+            tokenizer=self.tok,
+            eot_id=self.eot,
+            batch_size=self.cfg.batch_size,
+            rank=self.rank,
+            world_size=working,
+            group=self.groups.get(working),
+            device=str(next(model.parameters()).device),
+        )
+        return simple_evaluate(
+            model=lm,
+            tasks=[spec],
+            num_fewshot=self.cfg.num_fewshot,
+            limit=self.cfg.limit,
+            task_manager=self.manager,
+            log_samples=False,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+            random_seed=None,
+            numpy_random_seed=None,
+            torch_random_seed=None,
+        )  # the run's RNG
 
 
 def flat_metrics(results: dict | None) -> dict[str, float]:
@@ -176,5 +212,12 @@ def flat_metrics(results: dict | None) -> dict[str, float]:
 
 def in_loop_eval(cfg, model: torch.nn.Module, tokenizer: Tokenizer, rank: int, world_size: int) -> InLoopEval:
     """The trainer's hook (``cfg``: the run's config tree; ``rank`` / ``world_size``: data parallel)."""
-    return InLoopEval(cfg.eval, model=model, family_name=cfg.model.family, tokenizer=tokenizer,
-                      profile=cfg.data.tokenizer_profile, rank=rank, world_size=world_size)
+    return InLoopEval(
+        cfg.eval,
+        model=model,
+        family_name=cfg.model.family,
+        tokenizer=tokenizer,
+        profile=cfg.data.tokenizer_profile,
+        rank=rank,
+        world_size=world_size,
+    )

@@ -5,6 +5,7 @@ across tokenizers; special tokens count zero bytes. Whole documents longer than 
 scored in sliding windows with a stride (``document_perplexity``), reported per token, per word
 and per byte.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,14 @@ def byte_length_table(tok: Tokenizer, vocab_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengths: torch.Tensor,
-             objective: Objective, device: torch.device | str = "cpu") -> dict[str, float]:
+def evaluate(
+    forward: Callable,
+    batches: list[tuple[dict, float]],
+    *,
+    byte_lengths: torch.Tensor,
+    objective: Objective,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """``batches``: (batch, weight) pairs from ``validation_batches``; sums over all ranks, then the
     objective's report (CLM: loss, perplexity, bits per byte; MLM-style: loss and perplexity over
     the masked tokens, accuracy, the sentence task's loss and accuracy, ELECTRA's replaced-token
@@ -46,8 +53,13 @@ def evaluate(forward: Callable, batches: list[tuple[dict, float]], *, byte_lengt
     return objective.report(totals)
 
 
-def evaluate_sources(run: Callable[[list], dict], batches: list[tuple[dict, float]], *, names: tuple[str, ...],
-                     weights: tuple[float, ...]) -> dict[str, float]:
+def evaluate_sources(
+    run: Callable[[list], dict],
+    batches: list[tuple[dict, float]],
+    *,
+    names: tuple[str, ...],
+    weights: tuple[float, ...],
+) -> dict[str, float]:
     """A data mixture's validation: ``run`` (batches -> the objective's report) over each source's own
     validation batches (``validation_batches`` of a mixture: every batch one source's, its rows tagged
     ``source``), each metric per source as ``<metric>/<source>``, and the mixture's figure under the
@@ -56,8 +68,10 @@ def evaluate_sources(run: Callable[[list], dict], batches: list[tuple[dict, floa
     for batch, weight in batches:
         groups[int(batch["source"][0])].append((batch, weight))
     per_source = {name: run(group) for name, group in zip(names, groups)}
-    return {**mixture_report(list(per_source.values()), weights),
-            **{f"{k}/{name}": v for name, report in per_source.items() for k, v in report.items()}}
+    return {
+        **mixture_report(list(per_source.values()), weights),
+        **{f"{k}/{name}": v for name, report in per_source.items() for k, v in report.items()},
+    }
 
 
 def mixture_report(reports: list[dict[str, float]], weights: tuple[float, ...]) -> dict[str, float]:
@@ -105,25 +119,41 @@ def sliding_windows(num_tokens: int, *, context: int, stride: int) -> list[tuple
 
 
 @torch.no_grad()
-def document_nll(model: Callable, tokens, *, prefix_id: int, context: int, stride: int, batch_size: int = 8,
-                 device: torch.device | str = "cpu") -> float:
+def document_nll(
+    model: Callable,
+    tokens,
+    *,
+    prefix_id: int,
+    context: int,
+    stride: int,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+) -> float:
     """A document's negative log-likelihood (nats) in sliding windows, from ``prefix_id`` on."""
     x = torch.tensor([prefix_id, *[int(t) for t in tokens]])
     spans = sliding_windows(len(x) - 1, context=context, stride=stride)
     total = 0.0
     for i in range(0, len(spans), batch_size):
-        part = spans[i:i + batch_size]
+        part = spans[i : i + batch_size]
         batch = torch.zeros(len(part), max(b - a for a, b, _ in part), dtype=torch.long)
         for row, (a, b, _) in zip(batch, part):
-            row[:b - a] = x[a:b]  # right padding: causal, so no scored position sees it
+            row[: b - a] = x[a:b]  # right padding: causal, so no scored position sees it
         logprobs = torch.log_softmax(model(batch.to(device)).float(), dim=-1)  # (B, T, V)
         for lp, (a, b, k) in zip(logprobs, part):
-            total -= lp[b - a - k:b - a].gather(-1, x[b - k + 1:b + 1, None].to(lp.device)).sum().item()
+            total -= lp[b - a - k : b - a].gather(-1, x[b - k + 1 : b + 1, None].to(lp.device)).sum().item()
     return total
 
 
-def document_perplexity(model: Callable, documents: list, tok: Tokenizer, *, prefix_id: int, context: int,
-                        stride: int, device: torch.device | str = "cpu") -> dict[str, float]:
+def document_perplexity(
+    model: Callable,
+    documents: list,
+    tok: Tokenizer,
+    *,
+    prefix_id: int,
+    context: int,
+    stride: int,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """Whole documents scored in sliding windows: token-level, word-level and per-byte perplexity
     and bits per byte side by side (words and bytes of the decoded text, counted as lm-eval's
     rolling tasks count them), so models with different tokenizers compare."""
@@ -132,10 +162,19 @@ def document_perplexity(model: Callable, documents: list, tok: Tokenizer, *, pre
         text = tok.decode([int(t) for t in doc], skip_special_tokens=False)
         nll += document_nll(model, doc, prefix_id=prefix_id, context=context, stride=stride, device=device)
         tokens, words, n_bytes = tokens + len(doc), words + len(re.split(r"\s+", text)), n_bytes + len(text.encode())
-    return {"documents": len(documents), "stride": stride, "context": context, "tokens": tokens, "words": words,
-            "bytes": n_bytes, "nll": nll, "token_perplexity": math.exp(nll / tokens),
-            "word_perplexity": math.exp(nll / words), "byte_perplexity": math.exp(nll / n_bytes),
-            "bits_per_byte": nll / (n_bytes * math.log(2))}
+    return {
+        "documents": len(documents),
+        "stride": stride,
+        "context": context,
+        "tokens": tokens,
+        "words": words,
+        "bytes": n_bytes,
+        "nll": nll,
+        "token_perplexity": math.exp(nll / tokens),
+        "word_perplexity": math.exp(nll / words),
+        "byte_perplexity": math.exp(nll / n_bytes),
+        "bits_per_byte": nll / (n_bytes * math.log(2)),
+    }
 
 
 @torch.no_grad()

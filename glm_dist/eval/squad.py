@@ -3,6 +3,7 @@ predictions: each scores the best over its gold answers, the set their mean (the
 x 100). The answer normalisation and the per-answer scores are the offline tasks' own
 (``data_pipeline/tasks/answers.py``), so fine-tuning and zero-shot QA score alike.
 """
+
 from __future__ import annotations
 
 from data_pipeline.tasks.answers import exact_match as best_exact_match
@@ -23,5 +24,7 @@ def f1(prediction: str, gold: str) -> float:
 def squad_scores(predictions: list[str], golds: list[list[str]]) -> dict[str, float]:
     """Mean exact match and F1 (fractions) of predictions against their lists of gold answers."""
     n = max(1, len(predictions))
-    return {"exact_match": sum(best_exact_match(p, gs) for p, gs in zip(predictions, golds)) / n,
-            "f1": sum(best_f1(p, gs) for p, gs in zip(predictions, golds)) / n}
+    return {
+        "exact_match": sum(best_exact_match(p, gs) for p, gs in zip(predictions, golds)) / n,
+        "f1": sum(best_f1(p, gs) for p, gs in zip(predictions, golds)) / n,
+    }

@@ -5,6 +5,7 @@ the end: ``generate.generate``), with the same key/value cache, choice rule and 
 ``generate.generate``. Decoder-only models continue the prompt; encoder-decoders (T5, BART) read it
 with the encoder and decode from their start token.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,7 +80,7 @@ class TextStream:
         text = self.decode(self.ids)
         if text.endswith("\ufffd"):
             return ""
-        piece, self.shown = text[self.shown:], len(text)
+        piece, self.shown = text[self.shown :], len(text)
         return piece
 
     @property
@@ -87,8 +88,16 @@ class TextStream:
         return self.decode(self.ids)
 
 
-def generate_to(out: TextIO, checkpoint: str, prompt: str, *, strategy: str = "greedy", max_new_tokens: int = 64,
-                seed: int = 0, **options) -> str:
+def generate_to(
+    out: TextIO,
+    checkpoint: str,
+    prompt: str,
+    *,
+    strategy: str = "greedy",
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    **options,
+) -> str:
     """``glm generate``: the continuation written to ``out`` piece by piece (greedy, sample) or at
     once (beam); returns it. ``options``: GenerationConfig's (num_beams, temperature, top_k, ...)."""
     with contextlib.redirect_stdout(sys.stderr):  # libraries' start-up messages (DeepSpeed's) stay off ``out``
@@ -99,7 +108,7 @@ def generate_to(out: TextIO, checkpoint: str, prompt: str, *, strategy: str = "g
     if strategy == "beam":
         device = next(lm.model.parameters()).device
         seq = generate(lm.model, torch.tensor([ids], device=device), cfg, start_id=lm.start_id)[0].tolist()
-        text = decode(seq[1:] if lm.start_id is not None else seq[len(ids):])
+        text = decode(seq[1:] if lm.start_id is not None else seq[len(ids) :])
         out.write(text + "\n")
         return text
     stream = TextStream(decode)

@@ -6,6 +6,7 @@ adapter, fine-tuning facts. This module only gathers them -- adding a family is 
 line below -- and answers the questions the rest of the library asks by family name. No other
 module tests a family's name (tests/test_registries.py).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,12 +26,33 @@ from glm_dist.families.spec import FamilySpec, PipelineSpec, resolve
 from glm_dist.families.t5.spec import FAMILIES as T5
 from glm_dist.families.xlnet.spec import FAMILIES as XLNET
 
-__all__ = ["FAMILIES", "FamilySpec", "PipelineSpec", "build_model", "exported_module", "family",
-           "model_config_from_dict", "published_flavors", "resolve", "resolve_model_config"]
+__all__ = [
+    "FAMILIES",
+    "FamilySpec",
+    "PipelineSpec",
+    "build_model",
+    "exported_module",
+    "family",
+    "model_config_from_dict",
+    "published_flavors",
+    "resolve",
+    "resolve_model_config",
+]
 
 # the order is the one messages list families in
-FAMILIES: dict[str, FamilySpec] = {**GPT, **GPT1, **ENCODERS, **T5, **XLNET, **BART, **GLOVE, **COVE, **ELMO,
-                                   **AWD_LSTM, **CVT}
+FAMILIES: dict[str, FamilySpec] = {
+    **GPT,
+    **GPT1,
+    **ENCODERS,
+    **T5,
+    **XLNET,
+    **BART,
+    **GLOVE,
+    **COVE,
+    **ELMO,
+    **AWD_LSTM,
+    **CVT,
+}
 
 
 def family(name: str) -> FamilySpec:

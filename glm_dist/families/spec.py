@@ -4,6 +4,7 @@ Each family package builds its row(s) in ``families/<family>/spec.py`` from thes
 (``families/registry.py``) only collects them. Pipelines and adapters are named as ``"module:function"``
 and imported when used, so a row (and ``models/``) never imports DeepSpeed or transformers.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,8 +38,15 @@ class HFAdapter(Protocol):
     A family's own extras are keyword options with defaults (GPT's ``pad_vocab_to_multiple_of``);
     tests/test_hf_import.py checks every adapter's signatures against these."""
 
-    def export_hf(self, cfg: Any, state_dict: dict[str, torch.Tensor], out_dir: str, *,
-                  tokenizer_file: str | None = None, profile: str | None = None) -> None:
+    def export_hf(
+        self,
+        cfg: Any,
+        state_dict: dict[str, torch.Tensor],
+        out_dir: str,
+        *,
+        tokenizer_file: str | None = None,
+        profile: str | None = None,
+    ) -> None:
         """Write a folder the row's ``hf_classes`` and ``AutoTokenizer`` load: ``cfg`` and ``state_dict`` are
         the exported module's (ELECTRA's discriminator), ``profile`` the tokenizer profile naming the special
         tokens (None: the family's own)."""

@@ -1,4 +1,5 @@
 """``glm export-hf``: a checkpoint -> a transformers folder, through the family's adapter."""
+
 from __future__ import annotations
 
 import tempfile
@@ -22,6 +23,11 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
         tokenizer = Path(tmp) / "tokenizer.json"
         checkpoint_tokenizer(checkpoint)  # it parses (one line if not)
         tokenizer.write_bytes(checkpoint_storage(str(checkpoint)).read("tokenizer.json", max_bytes=MAX_TOKENIZER_BYTES))
-        resolve(f"{spec.hf}:export_hf")(part.cfg, part.state_dict(), str(out_dir), tokenizer_file=str(tokenizer),
-                                        profile=meta["config"]["data"]["tokenizer_profile"])
+        resolve(f"{spec.hf}:export_hf")(
+            part.cfg,
+            part.state_dict(),
+            str(out_dir),
+            tokenizer_file=str(tokenizer),
+            profile=meta["config"]["data"]["tokenizer_profile"],
+        )
     return Path(out_dir)

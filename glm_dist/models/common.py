@@ -1,4 +1,5 @@
 """Building blocks shared by the model families. No distribution code here (docs/architecture.md, decision 2)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -224,13 +225,17 @@ class Flavor:
 def flavor_config(flavors: dict[str, Flavor], label: str) -> Callable[..., Any]:
     """A family's ``(flavor, **overrides) -> config``: the named flavor with fields replaced by the
     non-None ``overrides`` (litgpt's ``from_name``); ``label`` names the family in the error."""
+
     def config(flavor: str, **overrides) -> Any:
         if flavor not in flavors:
             raise KeyError(f"unknown {label} flavor {flavor!r}; known: {', '.join(flavors)}")
         return replace(flavors[flavor].cfg, **{k: v for k, v in overrides.items() if v is not None})
+
     return config
 
 
 # tensor parallelism of the layers above (GPT's blocks)
-GPT_TENSOR_PLANS = {CausalSelfAttention: ShardPlan(column=("qkv",), row=("proj",), fused={"qkv": 3}, heads="n_head"),
-                    MLP: ShardPlan(column=("fc",), row=("proj",))}
+GPT_TENSOR_PLANS = {
+    CausalSelfAttention: ShardPlan(column=("qkv",), row=("proj",), fused={"qkv": 3}, heads="n_head"),
+    MLP: ShardPlan(column=("fc",), row=("proj",)),
+}

@@ -8,6 +8,7 @@ at EOS, scored by sum of log-probabilities / length ** length_penalty, EOS taken
 ``early_stopping=False`` once no running beam can beat them; a ``stop`` predicate on the generated
 tokens ends a hypothesis as EOS does).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,8 +72,15 @@ class Decoder:
 
 
 @torch.no_grad()
-def generate(model, input_ids: torch.Tensor, cfg: GenerationConfig, *, attention_mask: torch.Tensor | None = None,
-             start_id: int | None = None, stop: Callable[[list[int]], bool] | None = None) -> torch.Tensor:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    cfg: GenerationConfig,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    start_id: int | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
+) -> torch.Tensor:
     """Output tokens: the prompt and continuation (decoder-only) or the decoder sequence starting
     with ``start_id`` (encoder-decoder). Rows that finished early are padded with EOS. Beam search
     only: ``stop(generated tokens)`` true ends a hypothesis as EOS does (a stop sequence's text)."""
@@ -116,8 +124,12 @@ def _sample(logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -
 def _beam(model, input_ids, cfg: GenerationConfig, attention_mask, start_id, stop=None) -> torch.Tensor:
     B, K = input_ids.shape[0], cfg.num_beams
     expand = torch.arange(B, device=input_ids.device).repeat_interleave(K)
-    dec = Decoder(model, input_ids.index_select(0, expand),
-                  None if attention_mask is None else attention_mask.index_select(0, expand), start_id)
+    dec = Decoder(
+        model,
+        input_ids.index_select(0, expand),
+        None if attention_mask is None else attention_mask.index_select(0, expand),
+        start_id,
+    )
     seq, logits = dec.prefix, dec.start()
     prompt = seq.shape[1]  # hypotheses are length-normalised by the tokens generated after it
     scores = torch.zeros(B, K, device=seq.device)
@@ -135,7 +147,8 @@ def _beam(model, input_ids, cfg: GenerationConfig, attention_mask, start_id, sto
             for rank, (score, j) in enumerate(zip(top[b].tolist(), idx[b].tolist())):
                 row, tok = b * K + j // V, j % V
                 if (cfg.eos_id is not None and tok == cfg.eos_id) or (
-                        stop is not None and stop(seq[row, prompt:].tolist() + [tok])):
+                    stop is not None and stop(seq[row, prompt:].tolist() + [tok])
+                ):
                     if rank < K and open_[b]:
                         hyp = torch.cat([seq[row], seq.new_tensor([tok])])
                         _finish(finished[b], score / (hyp.shape[0] - prompt) ** cfg.length_penalty, hyp, K)

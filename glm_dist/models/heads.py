@@ -9,6 +9,7 @@
 Each takes any encoder whose forward maps (input_ids, token_type_ids=, attention_mask=) to a dict
 with ``hidden_states`` (B, T, H): BERT, RoBERTa, ALBERT, ELECTRA's discriminator, XLNet.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,12 @@ class SequenceClassifier(nn.Module):
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         h = self.encoder(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)["hidden_states"]
         return self.classifier(self.drop(h[:, self.position]))  # (B, T, H) -> (B, K)
 
@@ -38,8 +43,12 @@ class SpanExtractor(nn.Module):
         self.encoder = encoder
         self.start_end = nn.Linear(encoder.cfg.d_model, 2)  # rows: the start vector S and end vector E
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.encoder(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)["hidden_states"]
         start, end = self.start_end(h).unbind(-1)  # (B, T) each
         if attention_mask is not None:
@@ -56,7 +65,11 @@ class TokenClassifier(nn.Module):
         nn.init.normal_(self.classifier.weight, std=0.02)
         nn.init.zeros_(self.classifier.bias)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         h = self.encoder(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)["hidden_states"]
         return self.classifier(self.drop(h))  # (B, T, H) -> (B, T, K)

@@ -18,6 +18,7 @@ lengths of right-padded sequences (None: no padding).
   attention with input feeding): an LSTM stack over [previous target embedding; previous h~],
   alpha_t = softmax(H (W1 s_t + b1)) over the encoder states H, h~_t = tanh(W2 [H^T alpha_t; s_t] + b2).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,15 @@ class WordDropEmbedding(nn.Embedding):
         if not self.training or self.p == 0:
             return super().forward(ids)
         mask = self.weight.new_empty(self.weight.size(0), 1).bernoulli_(1 - self.p) / (1 - self.p)  # (V, 1)
-        return F.embedding(ids, self.weight * mask, self.padding_idx, self.max_norm, self.norm_type,
-                           self.scale_grad_by_freq, self.sparse)
+        return F.embedding(
+            ids,
+            self.weight * mask,
+            self.padding_idx,
+            self.max_norm,
+            self.norm_type,
+            self.scale_grad_by_freq,
+            self.sparse,
+        )
 
 
 class WeightDrop(nn.Module):
@@ -89,15 +97,17 @@ class WeightDrop(nn.Module):
 class LSTMLayer(nn.Module):
     """One (projected) LSTM layer over padded batches; see the module docstring."""
 
-    def __init__(self, d_in: int, d_hidden: int, *, proj_size: int = 0, weight_drop: float = 0.0,
-                 bidirectional: bool = False):
+    def __init__(
+        self, d_in: int, d_hidden: int, *, proj_size: int = 0, weight_drop: float = 0.0, bidirectional: bool = False
+    ):
         super().__init__()
         self.lstm = nn.LSTM(d_in, d_hidden, batch_first=True, proj_size=proj_size, bidirectional=bidirectional)
         self.rnn = WeightDrop(self.lstm, weight_drop) if weight_drop else self.lstm
         self.d_out = (proj_size or d_hidden) * (2 if bidirectional else 1)  # bidirectional: [forward; backward]
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None, *, reverse: bool = False,
-                state: State | None = None) -> tuple[torch.Tensor, State]:
+    def forward(
+        self, x: torch.Tensor, lengths: torch.Tensor | None = None, *, reverse: bool = False, state: State | None = None
+    ) -> tuple[torch.Tensor, State]:
         """(B, T, d_in) -> (B, T, d_out) (zeros at padded positions) and the final (h, c) of each sequence."""
         if reverse:
             x = reverse_padded(x, lengths)
@@ -131,8 +141,9 @@ class Highway(nn.Module):
 class CharCNN(nn.Module):
     """(B, T, C) character ids of each token -> (B, T, out_dim); id 0 pads (a padding token is all 0)."""
 
-    def __init__(self, *, char_vocab: int, char_dim: int, filters: Sequence[tuple[int, int]], num_highway: int,
-                 out_dim: int):
+    def __init__(
+        self, *, char_vocab: int, char_dim: int, filters: Sequence[tuple[int, int]], num_highway: int, out_dim: int
+    ):
         super().__init__()
         self.embed = nn.Embedding(char_vocab, char_dim, padding_idx=0)
         self.convs = nn.ModuleList(nn.Conv1d(char_dim, channels, width) for width, channels in filters)
@@ -156,8 +167,9 @@ class AttentionLSTMDecoder(nn.Module):
     def __init__(self, d_in: int, d_hidden: int, d_memory: int, *, num_layers: int = 2, dropout: float = 0.0):
         super().__init__()
         self.d_hidden = d_hidden
-        self.blocks = nn.ModuleList(nn.LSTMCell(d_in + d_hidden if i == 0 else d_hidden, d_hidden)
-                                    for i in range(num_layers))
+        self.blocks = nn.ModuleList(
+            nn.LSTMCell(d_in + d_hidden if i == 0 else d_hidden, d_hidden) for i in range(num_layers)
+        )
         self.query = nn.Linear(d_hidden, d_memory)  # W1, b1
         self.combine = nn.Linear(d_memory + d_hidden, d_hidden)  # W2, b2
         self.drop = nn.Dropout(dropout)
@@ -166,8 +178,16 @@ class AttentionLSTMDecoder(nn.Module):
         """h~ (B, d_hidden) of the top state s (B, d_hidden); padded memory positions get no weight."""
         return global_attention(s, memory, memory_mask, self.query, self.combine)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                cache: list[dict] | None = None, *, frozen_attention: bool = False, return_states: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        cache: list[dict] | None = None,
+        *,
+        frozen_attention: bool = False,
+        return_states: bool = False,
+    ):
         """(B, T, d_in) target embeddings (teacher forcing: the previous tokens') -> (B, T, d_hidden) h~;
         ``return_states``: also the top LSTM states s (B, T, d_hidden), what CVT's auxiliary decoders
         read. ``frozen_attention``: h~ is computed without gradient, a constant fed to the next step
@@ -195,8 +215,15 @@ class AttentionLSTMDecoder(nn.Module):
         return (out, torch.stack(tops, dim=1)) if return_states else out
 
 
-def global_attention(s: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None, query: nn.Linear,
-                     combine: nn.Linear, *, weight_dropout: float = 0.0) -> torch.Tensor:
+def global_attention(
+    s: torch.Tensor,
+    memory: torch.Tensor,
+    memory_mask: torch.Tensor | None,
+    query: nn.Linear,
+    combine: nn.Linear,
+    *,
+    weight_dropout: float = 0.0,
+) -> torch.Tensor:
     """Luong et al.'s global attention of states s (B, d) or (B, T, d) over ``memory`` H (B, S, d_memory):
     alpha = softmax(H (W1 s + b1)), h~ = tanh(W2 [H^T alpha; s] + b2), padded memory positions weighted 0.
     ``weight_dropout``: that fraction of alpha's entries zeroed (the rest scaled by 1 / (1 - p), as

@@ -10,6 +10,7 @@ fine-tuning applies the same), the means over real positions only, so padding ne
 loss. Evaluation reports the NLL alone (perplexity, bits per byte), as CLM does. The LSTM state is
 not carried from one window to the next (the windows of a step are not consecutive text).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ from glm_dist.objectives.clm import CausalLM
 from glm_dist.ops.cross_entropy import cross_entropy
 
 
-def activation_penalties(output: torch.Tensor, raw: torch.Tensor, real: torch.Tensor, *, alpha: float,
-                         beta: float) -> torch.Tensor:
+def activation_penalties(
+    output: torch.Tensor, raw: torch.Tensor, real: torch.Tensor, *, alpha: float, beta: float
+) -> torch.Tensor:
     """AR + TAR of (B, T, D) dropped / raw outputs over the (B, T) ``real`` positions."""
     real = real.to(output.dtype)
     ar = (output.pow(2).mean(-1) * real).sum() / real.sum().clamp(min=1)
@@ -39,8 +41,9 @@ class AwdLM(CausalLM):
         real = labels != IGNORE_INDEX
         count = real.sum()
         cfg = getattr(model, "module", model).cfg  # the DeepSpeed engine's model, or the model
-        loss = nll / count.clamp(min=1) + activation_penalties(out["output"], out["raw_output"], real,
-                                                               alpha=cfg.ar_alpha, beta=cfg.tar_beta)
+        loss = nll / count.clamp(min=1) + activation_penalties(
+            out["output"], out["raw_output"], real, alpha=cfg.ar_alpha, beta=cfg.tar_beta
+        )
         if not metrics:
             return loss, {}
         return loss, {"nll": nll.item(), "targets": int(count), "labels": labels[real]}

@@ -13,6 +13,7 @@ a config sets under ``objective:`` beside ``name`` (each with its help and its i
 ``options(...)`` is what its builder and samples read as ``opts`` -- those keys, plus what its data
 takes from the model config (XLNet's segment memory, CVT's tags), which the caller passes.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,9 @@ class Vocab:
 
     def id(self, role: str) -> int:
         if self.ids.get(role) is None:
-            raise ValueError(f"this tokenizer has no {role!r} token; use a tokenizer profile that has one "
-                             f"(data.tokenizer_profile)")
+            raise ValueError(
+                f"this tokenizer has no {role!r} token; use a tokenizer profile that has one (data.tokenizer_profile)"
+            )
         return self.ids[role]
 
 
@@ -105,8 +107,10 @@ class Objective:
     def check_documents(self, dtype: np.dtype) -> None:
         """Refuse a shard set whose documents this objective cannot read (``dtype``: their tokens')."""
         if dtype.names is not None:
-            raise WrongDocuments(f"data.shards_dir holds records ({', '.join(dtype.names)}), not token documents: "
-                                 f"point it at a token shard set (glm data tokenize -c CONFIG)")
+            raise WrongDocuments(
+                f"data.shards_dir holds records ({', '.join(dtype.names)}), not token documents: "
+                f"point it at a token shard set (glm data tokenize -c CONFIG)"
+            )
 
     def refuse_model(self, model_cfg) -> str | None:
         """Why this objective cannot train a model of this config (None: it can); validation says it."""
@@ -141,8 +145,9 @@ def token_report(totals: dict[str, float]) -> dict[str, float]:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": int(totals["targets"])}
 
 
-def selected_nll(logits: torch.Tensor, batch: dict[str, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def selected_nll(
+    logits: torch.Tensor, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summed NLL over the predicted positions in fp32, its count, their logits (N, V), their
     targets (N,) with -100 where padded). MLM-style batches list the positions
     (``masked_positions``): those rows are gathered and only they are scored, with no

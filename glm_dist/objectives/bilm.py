@@ -9,6 +9,7 @@ every token of the stream is a forward and a backward target once. With a word-l
 for the character CNN, from a table computed here at load time (data_pipeline/tokenize/word.py).
 Evaluation reports both directions' perplexity and their mean (the paper's figure).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,10 @@ def chars_of(vocab) -> np.ndarray | None:
     if words is None:
         return None
     if _TABLE.get("words") is not words:
-        _TABLE.update(words=words, table=char_table(words, pad=vocab.ids.get("pad"), bos=vocab.ids.get("bos"),
-                                                    eos=vocab.ids.get("eos")))
+        _TABLE.update(
+            words=words,
+            table=char_table(words, pad=vocab.ids.get("pad"), bos=vocab.ids.get("bos"), eos=vocab.ids.get("eos")),
+        )
     return _TABLE["table"]
 
 
@@ -86,8 +89,15 @@ class BidirectionalLM(Objective):
         n = max(totals["targets"], 1)
         forward, backward = totals["nll_forward"] / n, totals["nll_backward"] / n
         ppl = [math.exp(min(forward, 50)), math.exp(min(backward, 50))]
-        return {"loss": forward + backward, "perplexity": sum(ppl) / 2, "forward_perplexity": ppl[0],
-                "backward_perplexity": ppl[1], "forward_loss": forward, "backward_loss": backward, "tokens": int(n)}
+        return {
+            "loss": forward + backward,
+            "perplexity": sum(ppl) / 2,
+            "forward_perplexity": ppl[0],
+            "backward_perplexity": ppl[1],
+            "forward_loss": forward,
+            "backward_loss": backward,
+            "tokens": int(n),
+        }
 
 
 BILM = BidirectionalLM(name="bilm", salt=1021, sums=("nll_forward", "nll_backward", "targets"))

@@ -4,6 +4,7 @@
 Packing is deterministic given the document stream, and its only state is the tail of the
 last document not yet emitted (``tail``), so a resumed run emits exactly the same blocks.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,6 @@ import torch
 
 from glm_dist.objectives.base import Objective, token_report
 from glm_dist.ops.cross_entropy import LinearCE, cross_entropy, linear_cross_entropy
-
 
 
 class TokenPacker:
@@ -32,8 +32,8 @@ class TokenPacker:
         while True:
             while len(self.tail) < self.block_len:
                 self.tail = np.concatenate([self.tail, next(docs).tokens.astype(np.int64), sep])
-            block = self.tail[:self.block_len]
-            self.tail = self.tail[self.stride:]  # advance before yielding: state is exact
+            block = self.tail[: self.block_len]
+            self.tail = self.tail[self.stride :]  # advance before yielding: state is exact
             yield block
 
     def units(self, docs: Iterable, rng_for=None) -> Iterator[np.ndarray]:

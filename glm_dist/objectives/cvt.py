@@ -19,6 +19,7 @@ Tags of a task are numbered ``O`` = 0, ``B-r`` = 2r + 1, ``I-r`` = 2r + 2. Evalu
 token NLL and accuracy and, per task, span-level precision / recall / F1 of the primary module's
 argmax tags (conlleval's chunk rules, as ``seqeval``'s default mode): ``f1`` is task 0's.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,16 +35,19 @@ from glm_dist.objectives.base import IGNORE_INDEX, Objective, WrongDocuments, op
 LABEL_SMOOTHING = 0.1  # cvt_text's label_smoothing, on the gold tags and on the teacher's targets
 MAX_TASKS = 4  # tasks whose spans evaluation counts
 FIELDS = ("token", "tag", "task")
-NOT_TAGGED = ("data.shards_dir does not hold a tagging shard set (sentences of (token, tag, task) records): build "
-              "one with glm data tagging -c CONFIG")
+NOT_TAGGED = (
+    "data.shards_dir does not hold a tagging shard set (sentences of (token, tag, task) records): build "
+    "one with glm data tagging -c CONFIG"
+)
 
 
 @dataclass(frozen=True)
 class CrossViewOptions:
     """The key of ``cvt`` and ``cvt_translation`` under ``objective:``."""
 
-    cvt_unlabelled: bool = option(True, "alternate labelled and unlabelled minibatches (false: labelled only, the "
-                                        "supervised baseline)")
+    cvt_unlabelled: bool = option(
+        True, "alternate labelled and unlabelled minibatches (false: labelled only, the supervised baseline)"
+    )
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,10 @@ def chars_of(vocab) -> np.ndarray | None:
     if words is None:
         return None
     if _TABLES.get(id(words), (None,))[0] is not words:
-        _TABLES[id(words)] = (words, char_table(words, pad=vocab.ids.get("pad"), bos=vocab.ids.get("bos"),
-                                                eos=vocab.ids.get("eos")))
+        _TABLES[id(words)] = (
+            words,
+            char_table(words, pad=vocab.ids.get("pad"), bos=vocab.ids.get("bos"), eos=vocab.ids.get("eos")),
+        )
     return _TABLES[id(words)][1]
 
 
@@ -78,7 +84,7 @@ class Sentences:
     def units(self, docs, rng_for=None):
         for doc in docs:
             if len(doc.tokens):
-                yield doc.tokens[:self.max_words]
+                yield doc.tokens[: self.max_words]
 
     def state_dict(self) -> dict:
         return {}
@@ -162,15 +168,27 @@ class CrossViewTraining(Objective):
         logits = model(batch["input_ids"], mode="supervised", **kw)["primary"]
         targets = task_targets(batch["labels"], batch["task"], logits)
         count = (batch["labels"] != IGNORE_INDEX).sum()
-        smoothed = sum(F.cross_entropy(lg.float().flatten(0, 1), t.flatten(), ignore_index=IGNORE_INDEX,
-                                       reduction="sum", label_smoothing=LABEL_SMOOTHING)
-                       for lg, t in zip(logits, targets))
+        smoothed = sum(
+            F.cross_entropy(
+                lg.float().flatten(0, 1),
+                t.flatten(),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+                label_smoothing=LABEL_SMOOTHING,
+            )
+            for lg, t in zip(logits, targets)
+        )
         loss = smoothed / count.clamp(min=1)
         if not metrics:
             return loss, {}
-        sums = {"nll": sum(F.cross_entropy(lg.float().flatten(0, 1), t.flatten(), ignore_index=IGNORE_INDEX,
-                                           reduction="sum") for lg, t in zip(logits, targets)).item(),
-                "targets": int(count), "correct": 0}
+        sums = {
+            "nll": sum(
+                F.cross_entropy(lg.float().flatten(0, 1), t.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+                for lg, t in zip(logits, targets)
+            ).item(),
+            "targets": int(count),
+            "correct": 0,
+        }
         for k, (lg, t) in enumerate(zip(logits, targets)):
             pred = lg.argmax(-1)
             sums["correct"] += int(((pred == t) & (t != IGNORE_INDEX)).sum())
@@ -195,8 +213,12 @@ class CrossViewTraining(Objective):
         """Token loss / perplexity / accuracy over the labelled held-out words, and per task span
         precision, recall and F1 (``f1`` = task 0's; ``f1_task<k>`` for the others)."""
         n = max(totals["targets"], 1)
-        out = {"loss": totals["nll"] / n, "perplexity": math.exp(min(totals["nll"] / n, 50)),
-               "accuracy": totals["correct"] / n, "tokens": int(totals["targets"])}
+        out = {
+            "loss": totals["nll"] / n,
+            "perplexity": math.exp(min(totals["nll"] / n, 50)),
+            "accuracy": totals["correct"] / n,
+            "tokens": int(totals["targets"]),
+        }
         for k in range(MAX_TASKS):
             tp, pred, gold = totals[f"tp{k}"], totals[f"pred{k}"], totals[f"gold{k}"]
             if not gold and not pred:
@@ -207,6 +229,8 @@ class CrossViewTraining(Objective):
         return out
 
 
-CVT = CrossViewTraining(name="cvt", salt=1050, sums=("nll", "targets", "correct",
-                                                     *(f"{s}{k}" for k in range(MAX_TASKS)
-                                                       for s in ("tp", "pred", "gold"))))
+CVT = CrossViewTraining(
+    name="cvt",
+    salt=1050,
+    sums=("nll", "targets", "correct", *(f"{s}{k}" for k in range(MAX_TASKS) for s in ("tp", "pred", "gold"))),
+)

@@ -19,6 +19,7 @@ The teacher's decoding synchronises with the host at every generated token (beam
 data-dependent), once per unlabelled minibatch; the labelled steps have no host sync.
 Evaluation is the primary model's: held-out NLL, perplexity and BLEU, as ``translation``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -68,8 +69,10 @@ class CrossViewTranslation(Translation):
         if not model_cfg.cvt_decoders:
             return "the model has no auxiliary decoders: set model.cvt_decoders=true"
         if model_cfg.cvt_beam < 1 or not 0 <= model_cfg.cvt_attention_dropout < 1:
-            return (f"model.cvt_beam={model_cfg.cvt_beam} must be >= 1 and model.cvt_attention_dropout="
-                    f"{model_cfg.cvt_attention_dropout} in [0, 1)")
+            return (
+                f"model.cvt_beam={model_cfg.cvt_beam} must be >= 1 and model.cvt_attention_dropout="
+                f"{model_cfg.cvt_attention_dropout} in [0, 1)"
+            )
         return None
 
     def sample(self, unit, rng, *, vocab, opts):
@@ -87,8 +90,12 @@ class CrossViewTranslation(Translation):
         net = getattr(model, "module", model)  # the DeepSpeed engine's model: its encode / decode
         cfg, (bos, eos) = net.cfg, word_specials()
         source, mask = batch["input_ids"], batch.get("attention_mask")
-        decoding = GenerationConfig(max_new_tokens=source.shape[1], strategy="beam" if cfg.cvt_beam > 1 else "greedy",
-                                    num_beams=max(cfg.cvt_beam, 1), eos_id=eos)
+        decoding = GenerationConfig(
+            max_new_tokens=source.shape[1],
+            strategy="beam" if cfg.cvt_beam > 1 else "greedy",
+            num_beams=max(cfg.cvt_beam, 1),
+            eos_id=eos,
+        )
         was_training = net.training
         net.eval()
         try:
@@ -99,7 +106,6 @@ class CrossViewTranslation(Translation):
         inputs, labels = teacher_targets(seq, eos)
         views = model(source, inputs, attention_mask=mask, mode="student")["auxiliary"]
         return sum(view_loss(views[name], labels, ahead) for name, ahead in VIEWS.items())
-
 
 
 CVT_TRANSLATION = CrossViewTranslation(name="cvt_translation", salt=1060)

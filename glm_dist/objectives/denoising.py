@@ -5,6 +5,7 @@ zero-length spans insert a mask, all sentences permuted).
 The decoder reconstructs the original text: labels are the unit as packed, decoder inputs are the
 labels shifted right starting with EOS (BART's decoder_start_token_id).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ class DenoisingOptions:
     mask_ratio: float = option(0.3, "fraction of tokens masked by text infilling", bounds="[0, 1]")
     poisson_lambda: float = option(3.0, "mean span length of text infilling", bounds=f"(0, {TOKENS}]")
     permute_sentences: bool = option(True, "permute all sentences")
-    random_ratio: float = option(0.0, "fraction of mask tokens replaced by random tokens (the authors' command: "
-                                      "0.1)", bounds="[0, 1]")
+    random_ratio: float = option(
+        0.0, "fraction of mask tokens replaced by random tokens (the authors' command: 0.1)", bounds="[0, 1]"
+    )
 
 
 def permute_sentences(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -47,8 +49,15 @@ def span_lengths(num_to_mask: int, rng: np.random.Generator, lam: float) -> np.n
     return np.asarray(lengths, dtype=np.int64)
 
 
-def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: DenoisingOptions,
-           vocab_size: int, special_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def infill(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    mask_id: int,
+    cfg: DenoisingOptions,
+    vocab_size: int,
+    special_ids: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Text infilling. Returns (noised tokens, span lengths drawn) -- the lengths for statistics."""
     n = len(tokens)
     lengths = span_lengths(int(round(cfg.mask_ratio * n)), rng, cfg.poisson_lambda)
@@ -60,7 +69,7 @@ def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: D
     gaps = np.diff(np.concatenate([[0], cuts, [kept]]))
     out, pos = [], 0
     for gap, span in zip(gaps[:-1], spans):
-        out.append(tokens[pos:pos + gap])
+        out.append(tokens[pos : pos + gap])
         out.append(np.array([mask_id]))
         pos += gap + span
     out.append(tokens[pos:])
@@ -76,14 +85,27 @@ def infill(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int, cfg: D
     return noised, lengths
 
 
-def noise(tokens: np.ndarray, starts: np.ndarray, rng: np.random.Generator, *, mask_id: int, bos_id: int,
-          eos_id: int, cfg: DenoisingOptions, vocab_size: int, special_ids: np.ndarray) -> dict[str, np.ndarray]:
+def noise(
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    mask_id: int,
+    bos_id: int,
+    eos_id: int,
+    cfg: DenoisingOptions,
+    vocab_size: int,
+    special_ids: np.ndarray,
+) -> dict[str, np.ndarray]:
     """One example: encoder input ``<s> noised </s>``, labels ``<s> original </s>``."""
     source = permute_sentences(tokens, starts, rng) if cfg.permute_sentences else tokens
     noised, _ = infill(source, rng, mask_id=mask_id, cfg=cfg, vocab_size=vocab_size, special_ids=special_ids)
     labels = np.concatenate([[bos_id], tokens, [eos_id]])
-    return {"input_ids": np.concatenate([[bos_id], noised, [eos_id]]), "labels": labels,
-            "decoder_input_ids": np.concatenate([[eos_id], labels[:-1]])}
+    return {
+        "input_ids": np.concatenate([[bos_id], noised, [eos_id]]),
+        "labels": labels,
+        "decoder_input_ids": np.concatenate([[eos_id], labels[:-1]]),
+    }
 
 
 class Denoising(Objective):
@@ -96,8 +118,17 @@ class Denoising(Objective):
 
     def sample(self, unit, rng, *, vocab, opts):
         tokens, starts = unit
-        return noise(tokens, starts, rng, mask_id=vocab.id("mask"), bos_id=vocab.id("bos"), eos_id=vocab.id("eos"),
-                     cfg=opts, vocab_size=vocab.size, special_ids=vocab.specials)
+        return noise(
+            tokens,
+            starts,
+            rng,
+            mask_id=vocab.id("mask"),
+            bos_id=vocab.id("bos"),
+            eos_id=vocab.id("eos"),
+            cfg=opts,
+            vocab_size=vocab.size,
+            special_ids=vocab.specials,
+        )
 
     def loss(self, model, batch, *, metrics):
         return seq2seq_loss(model, batch, metrics=metrics)

@@ -5,6 +5,7 @@ The generator sees an MLM input: 15% of tokens selected (25% for large), of thos
 discriminator sees the generator's samples at the selected positions and predicts, for every
 position, whether the token differs from the original. Loss = generator MLM + 50 x discriminator.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -28,8 +29,9 @@ class GeneratorOptions:
     whole_word: bool = option(False, "mask all pieces of a word together")
 
 
-def discriminator_inputs(input_ids: torch.Tensor, labels: torch.Tensor,
-                         sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def discriminator_inputs(
+    input_ids: torch.Tensor, labels: torch.Tensor, sampled: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Replace the selected positions with the generator's samples; targets = (token != original)."""
     selected = labels != IGNORE_INDEX
     original = torch.where(selected, labels, input_ids)
@@ -37,8 +39,13 @@ def discriminator_inputs(input_ids: torch.Tensor, labels: torch.Tensor,
     return replaced, (replaced != original).float()
 
 
-def loss(gen_logits: torch.Tensor, batch: dict[str, torch.Tensor], disc_logits: torch.Tensor,
-         disc_targets: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def loss(
+    gen_logits: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    disc_logits: torch.Tensor,
+    disc_targets: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The generator's MLM loss over the selected positions only (their rows of the (B, T, V) logits
     gathered, then cast to fp32; no host sync) + 50 x the discriminator's mean over real tokens."""
     nll, count, _, _ = selected_nll(gen_logits, batch)
@@ -53,7 +60,6 @@ def rate_for(flavor: str) -> float:
     return 0.25 if flavor.endswith("large") else 0.15
 
 
-
 class ReplacedTokenDetection(MaskedLM):
     """ELECTRA: the generator's MLM input from FULL-SENTENCES units; the discriminator's targets
     come from the generator's samples inside the model."""
@@ -64,16 +70,23 @@ class ReplacedTokenDetection(MaskedLM):
         return replace(GENERATOR_MASKING, mask_rate=opts.mask_rate, whole_word=opts.whole_word)
 
     def loss(self, model, batch, *, metrics):
-        out = model(batch["input_ids"], batch["labels"], masked_positions=batch.get("masked_positions"),
-                    **{k: v for k, v in encoder_inputs(batch).items() if k != "input_ids"})
+        out = model(
+            batch["input_ids"],
+            batch["labels"],
+            masked_positions=batch.get("masked_positions"),
+            **{k: v for k, v in encoder_inputs(batch).items() if k != "input_ids"},
+        )
         total = loss(out["gen_logits"], batch, out["disc_logits"], out["disc_targets"], batch.get("attention_mask"))
         if not metrics:
             return total, {}
         nll, _, picked, targets = selected_nll(out["gen_logits"], batch)
         real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(batch["labels"]).bool()
         disc_right = ((out["disc_logits"] > 0).float() == out["disc_targets"])[real]
-        return total, {**token_sums(nll, picked, targets), "disc_tokens": int(real.sum()),
-                       "disc_correct": int(disc_right.sum())}
+        return total, {
+            **token_sums(nll, picked, targets),
+            "disc_tokens": int(real.sum()),
+            "disc_correct": int(disc_right.sum()),
+        }
 
     def report(self, totals):
         return {**super().report(totals), "replaced_accuracy": totals["disc_correct"] / max(totals["disc_tokens"], 1)}
@@ -82,5 +95,6 @@ class ReplacedTokenDetection(MaskedLM):
         raise NotImplementedError(f"objective {self.name} does not run in a pipeline")
 
 
-ELECTRA = ReplacedTokenDetection(name="electra", salt=1006, padded=True,
-                                 sums=("nll", "targets", "correct", "disc_tokens", "disc_correct"))
+ELECTRA = ReplacedTokenDetection(
+    name="electra", salt=1006, padded=True, sums=("nll", "targets", "correct", "disc_tokens", "disc_correct")
+)

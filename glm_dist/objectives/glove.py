@@ -10,6 +10,7 @@ emitted, so a resumed run sees exactly the batches it would have seen. The loss 
 batch's triples: AdaGrad (the paper's optimizer, ``train.optimizer=adagrad``) is invariant to that
 scale, and a mean keeps the step the same at any data-parallel size.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +54,7 @@ class TripleStream:
                 block = next(docs).tokens
                 self.tail = np.concatenate([self.tail, block[rng_for(self.blocks).permutation(len(block))]])
                 self.blocks += 1
-            unit, self.tail = self.tail[:self.size], self.tail[self.size:]  # advance before yielding: exact state
+            unit, self.tail = self.tail[: self.size], self.tail[self.size :]  # advance before yielding: exact state
             yield unit
 
     def state_dict(self) -> dict:
@@ -71,15 +72,22 @@ class GloVeObjective(Objective):
 
     def check_documents(self, dtype):
         if dtype.names != FIELDS:
-            raise NotCountShards("data.shards_dir holds token documents, not co-occurrence counts: build the "
-                                 "count set with glm data cooccur -c CONFIG (into an empty data.shards_dir)")
+            raise NotCountShards(
+                "data.shards_dir holds token documents, not co-occurrence counts: build the "
+                "count set with glm data cooccur -c CONFIG (into an empty data.shards_dir)"
+            )
 
     def sample(self, unit, rng, *, vocab, opts):
         if unit.dtype.names != FIELDS:
-            raise NotCountShards("data.shards_dir holds token documents, not co-occurrence counts: build the count "
-                                 "set with glm data cooccur -c CONFIG (into an empty data.shards_dir)")
-        return {"word_ids": unit["word"].astype(np.int64), "context_ids": unit["context"].astype(np.int64),
-                "counts": unit["count"]}
+            raise NotCountShards(
+                "data.shards_dir holds token documents, not co-occurrence counts: build the count "
+                "set with glm data cooccur -c CONFIG (into an empty data.shards_dir)"
+            )
+        return {
+            "word_ids": unit["word"].astype(np.int64),
+            "context_ids": unit["context"].astype(np.int64),
+            "counts": unit["count"],
+        }
 
     def loss(self, model, batch, *, metrics):
         squares = weighted_squares(model(batch["word_ids"], batch["context_ids"]), batch["counts"])

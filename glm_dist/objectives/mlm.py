@@ -10,6 +10,7 @@ masked together) and on spans of ``1..max_ngram`` words with p(n) ∝ 1/n when `
 (ALBERT). The number of selected tokens is ``round(mask_rate * maskable)`` (google-research/bert's
 ``num_to_predict``), so the rate holds for every sequence, not just on average.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from glm_dist.objectives.base import (IGNORE_INDEX, Objective, encoder_inputs, masked_positions, option, selected_nll,
-                                      token_sums)
+from glm_dist.objectives.base import (
+    IGNORE_INDEX,
+    Objective,
+    encoder_inputs,
+    masked_positions,
+    option,
+    selected_nll,
+    token_sums,
+)
 from glm_dist.objectives.packing import SentencePacker
 from glm_dist.ops.cross_entropy import cross_entropy
 
@@ -56,8 +64,13 @@ def word_spans(tokens: np.ndarray, maskable: np.ndarray, word_starts: np.ndarray
     return [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(cut, ends)]
 
 
-def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, cfg: MaskingOptions,
-                     word_starts: np.ndarray | None = None) -> np.ndarray:
+def select_positions(
+    tokens: np.ndarray,
+    maskable: np.ndarray,
+    rng: np.random.Generator,
+    cfg: MaskingOptions,
+    word_starts: np.ndarray | None = None,
+) -> np.ndarray:
     """Boolean mask of the positions to predict."""
     selected = np.zeros(len(tokens), dtype=bool)
     budget = int(round(cfg.mask_rate * int(maskable.sum())))
@@ -76,7 +89,7 @@ def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Ge
         # A span is the longest contiguous run of up to n words from word w (it never crosses a
         # special token) and may not overshoot the budget (BERT's rule).
         span_words = [words[w]]
-        for nxt in words[w + 1:w + n]:
+        for nxt in words[w + 1 : w + n]:
             if nxt[0] != span_words[-1][1]:
                 break
             span_words.append(nxt)
@@ -91,8 +104,16 @@ def select_positions(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Ge
     return selected
 
 
-def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, cfg: MaskingOptions, mask_id: int, vocab_size: int,
-                special_ids: np.ndarray, word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def mask_tokens(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    cfg: MaskingOptions,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: np.ndarray,
+    word_starts: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels): labels hold the original token at selected positions, -100 elsewhere."""
     maskable = ~np.isin(tokens, special_ids)
     selected = select_positions(tokens, maskable, rng, cfg, word_starts)
@@ -141,8 +162,15 @@ class MaskedLM(Objective):
     def sample(self, unit, rng, *, vocab, opts):
         tokens, _ = unit
         framed = np.concatenate([[vocab.id("cls")], tokens, [vocab.id("sep")]])
-        inputs, labels = mask_tokens(framed, rng, cfg=self.masking(opts), mask_id=vocab.id("mask"),
-                                     vocab_size=vocab.size, special_ids=vocab.specials, word_starts=vocab.word_starts)
+        inputs, labels = mask_tokens(
+            framed,
+            rng,
+            cfg=self.masking(opts),
+            mask_id=vocab.id("mask"),
+            vocab_size=vocab.size,
+            special_ids=vocab.specials,
+            word_starts=vocab.word_starts,
+        )
         return {"input_ids": inputs, "labels": labels, **masked_positions(labels)}
 
     def loss(self, model, batch, *, metrics):

@@ -1,4 +1,5 @@
 """BERT's pretraining objective: masked LM + next-sentence prediction over segment pairs."""
+
 from __future__ import annotations
 
 from glm_dist.objectives.sentence_pairs import PAIR_SUMS, SentencePairMLM

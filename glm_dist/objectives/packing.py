@@ -5,6 +5,7 @@ boundaries (a separator token between documents), up to ``capacity`` tokens per 
 longer than a unit is cut. Its only state is what is buffered and not yet emitted, so a resumed
 run emits exactly the same units.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Iterator
@@ -32,7 +33,7 @@ class SentencePacker:
         bounds = list(doc.sentences) + [len(tokens)]
         for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
             for start in range(a, b, self.capacity):  # cut over-long sentences
-                self.pending.append(tokens[start:min(b, start + self.capacity)])
+                self.pending.append(tokens[start : min(b, start + self.capacity)])
                 self.pending_new_doc.append(bool(k == 0 and start == a))
 
     def _emit(self) -> tuple[np.ndarray, np.ndarray]:
@@ -52,8 +53,10 @@ class SentencePacker:
         return np.concatenate(parts)[: self.capacity], np.asarray(starts, dtype=np.int64)
 
     def state_dict(self) -> dict:
-        return {"pending": [p.tolist() for p in self.pending],
-                "pending_new_doc": [bool(b) for b in self.pending_new_doc]}
+        return {
+            "pending": [p.tolist() for p in self.pending],
+            "pending_new_doc": [bool(b) for b in self.pending_new_doc],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.pending = [np.asarray(p, dtype=np.int64) for p in state["pending"]]

@@ -12,6 +12,7 @@ Two layouts (``objective.plm_layout``):
   ``model.bi_data`` every odd stream reads its documents backwards, and each micro batch puts its
   forward rows first, as the model's relative positions expect.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -33,9 +34,11 @@ class PLMOptions:
     """The key of ``plm`` under ``objective:``."""
 
     plm_layout: Literal["collator", "paper"] = option(
-        "collator", "'collator' = one permuted block per row (transformers' collator); 'paper' = the paper's "
-                    "segments (model.reuse_len continued tokens, then A <sep> B <sep> <cls>, parts permuted "
-                    "separately; needs model.mem_len and model.reuse_len)")
+        "collator",
+        "'collator' = one permuted block per row (transformers' collator); 'paper' = the paper's "
+        "segments (model.reuse_len continued tokens, then A <sep> B <sep> <cls>, parts permuted "
+        "separately; needs model.mem_len and model.reuse_len)",
+    )
 
 
 @dataclass(frozen=True)
@@ -79,21 +82,25 @@ class PaperSegments:
 
     def _segment(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         r, room = self.reuse, self.seq_len - self.reuse - 3  # 3: <sep> <sep> <cls>
-        region = self.tail[r:r + room]
-        cuts = np.flatnonzero(self.starts[r + 1:r + room]) + 1  # A ends where a sentence starts
+        region = self.tail[r : r + room]
+        cuts = np.flatnonzero(self.starts[r + 1 : r + room]) + 1  # A ends where a sentence starts
         cut = int(rng.choice(cuts)) if len(cuts) else int(rng.integers(1, room))
         b = region[cut:]
         if rng.random() < RANDOM_B and len(self.previous) >= room - cut:
             start = int(rng.integers(0, len(self.previous) - (room - cut) + 1))
-            b = self.previous[start:start + room - cut]
+            b = self.previous[start : start + room - cut]
         tokens = np.concatenate([self.tail[:r], region[:cut], [self.sep], b, [self.sep], [self.cls]])
         segments = np.concatenate([np.zeros(r + cut + 1, dtype=np.int64), np.ones(len(b) + 1, dtype=np.int64), [2]])
         self.tail, self.starts = self.tail[r:], self.starts[r:]  # the next segment reuses what follows
         return tokens, segments
 
     def state_dict(self) -> dict:
-        return {"tail": self.tail.tolist(), "starts": self.starts.astype(int).tolist(),
-                "previous": self.previous.tolist(), "count": self.count}
+        return {
+            "tail": self.tail.tolist(),
+            "starts": self.starts.astype(int).tolist(),
+            "previous": self.previous.tolist(),
+            "count": self.count,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.tail = np.asarray(state["tail"], dtype=np.int64)
@@ -111,8 +118,9 @@ class PermutationLM(Objective):
 
     def options(self, own=None, model_cfg=None) -> SegmentOptions:
         """The layout, with the XLNet model config's ``reuse_len`` and ``bi_data``."""
-        memory = {} if model_cfg is None else {"reuse_len": model_cfg.reuse_len or 0,
-                                                "bi_data": bool(model_cfg.bi_data)}
+        memory = (
+            {} if model_cfg is None else {"reuse_len": model_cfg.reuse_len or 0, "bi_data": bool(model_cfg.bi_data)}
+        )
         return SegmentOptions(**asdict(own or PLMOptions()), **memory)
 
     def backward_streams(self, opts) -> bool:
@@ -120,8 +128,13 @@ class PermutationLM(Objective):
 
     def builder(self, *, seq_len, vocab, opts, stream=0):
         if opts.plm_layout == "paper":
-            return PaperSegments(seq_len, opts.reuse_len, sep_id=vocab.id("sep"), cls_id=vocab.id("cls"),
-                                 backward=self.backward_streams(opts) and stream % 2 == 1)
+            return PaperSegments(
+                seq_len,
+                opts.reuse_len,
+                sep_id=vocab.id("sep"),
+                cls_id=vocab.id("cls"),
+                backward=self.backward_streams(opts) and stream % 2 == 1,
+            )
         return TokenPacker(seq_len, sep=vocab.id("eot"))
 
     def sample(self, unit, rng, *, vocab, opts):

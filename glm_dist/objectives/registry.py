@@ -4,6 +4,7 @@ Each row is the object its own file defines (``objectives/<name>.py``), with its
 else in the library tests an objective's name. Also here: what the config's ``objective`` section
 reads of the rows (which keys an objective takes), and the collation of samples into a batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,15 +12,43 @@ import dataclasses
 import numpy as np
 import torch
 
-from glm_dist.objectives import (awd_lm, bilm, clm, cvt, denoising, electra, glove, mlm, mlm_nsp, plm, sop,
-                                 span_corruption)
+from glm_dist.objectives import (
+    awd_lm,
+    bilm,
+    clm,
+    cvt,
+    denoising,
+    electra,
+    glove,
+    mlm,
+    mlm_nsp,
+    plm,
+    sop,
+    span_corruption,
+)
 from glm_dist.objectives.base import IGNORE_INDEX, Objective
 from glm_dist.objectives.cvt_translation import CVT_TRANSLATION
 from glm_dist.objectives.translation import TRANSLATION
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
-    clm.CLM, mlm.MLM, mlm_nsp.MLM_NSP, sop.SOP, span_corruption.SPAN_CORRUPTION, denoising.DENOISING,
-    electra.ELECTRA, plm.PLM, glove.GLOVE, bilm.BILM, TRANSLATION, awd_lm.AWD_LM, cvt.CVT, CVT_TRANSLATION)}
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o
+    for o in (
+        clm.CLM,
+        mlm.MLM,
+        mlm_nsp.MLM_NSP,
+        sop.SOP,
+        span_corruption.SPAN_CORRUPTION,
+        denoising.DENOISING,
+        electra.ELECTRA,
+        plm.PLM,
+        glove.GLOVE,
+        bilm.BILM,
+        TRANSLATION,
+        awd_lm.AWD_LM,
+        cvt.CVT,
+        CVT_TRANSLATION,
+    )
+}
 
 
 def get_objective(name: str) -> Objective:
@@ -44,8 +73,10 @@ def option_keys() -> dict[str, tuple[dataclasses.Field, list[str]]]:
             if f.name in keys:
                 first, users = keys[f.name]
                 if (first.type, first.default) != (f.type, f.default):
-                    raise TypeError(f"objective key {f.name!r}: {name} declares {f.type} = {f.default!r}, "
-                                    f"{users[0]} {first.type} = {first.default!r}; give them one meaning")
+                    raise TypeError(
+                        f"objective key {f.name!r}: {name} declares {f.type} = {f.default!r}, "
+                        f"{users[0]} {first.type} = {first.default!r}; give them one meaning"
+                    )
                 users.append(name)
             else:
                 keys[f.name] = (f, [name])
@@ -61,8 +92,9 @@ def options_schema(name: str, keys: dict) -> tuple[type | None, dict]:
     if name not in OBJECTIVES:
         return None, keys
     others = option_keys()
-    return OBJECTIVES[name].Options, {k: v for k, v in keys.items()
-                                      if k not in others or name in others[k][1] or v != others[k][0].default}
+    return OBJECTIVES[name].Options, {
+        k: v for k, v in keys.items() if k not in others or name in others[k][1] or v != others[k][0].default
+    }
 
 
 PAD_VALUES = {"labels": IGNORE_INDEX, "masked_labels": IGNORE_INDEX, "target_labels": IGNORE_INDEX}
@@ -86,5 +118,6 @@ def collate(samples: list[dict[str, np.ndarray]], *, pad_id: int, width: int | N
         batch[key] = torch.from_numpy(out.astype(np.float32 if out.dtype.kind == "f" else np.int64))
         if key == "input_ids" and any(a.shape[0] < to for a in arrays):
             batch["attention_mask"] = torch.from_numpy(
-                np.stack([np.arange(to) < a.shape[0] for a in arrays]).astype(np.int64))
+                np.stack([np.arange(to) < a.shape[0] for a in arrays]).astype(np.int64)
+            )
     return batch

@@ -10,6 +10,7 @@ fit, from a random end, and framed as ``[CLS] A [SEP] B [SEP]`` with segment ids
 The "other document" is the previous one in the (shuffled) stream; the builder keeps it, and the
 document it is working through, as its state -- so a resumed run builds the same pairs.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -66,7 +67,7 @@ class PairBuilder:
             self.current = chunk[a_end:] + self.current  # put the unused sentences back
             other = np.concatenate(self.previous)
             start = int(rng.integers(0, max(1, len(other) - 1)))
-            b = [other[start:start + max(1, target - len(a))]]
+            b = [other[start : start + max(1, target - len(a))]]
         b = np.concatenate(b) if b else np.zeros(0, dtype=np.int64)
         if self.swap and rng.random() < 0.5:
             a, b, label = b, a, 1
@@ -76,8 +77,12 @@ class PairBuilder:
         return {"tokens": tokens, "token_type_ids": segments, "sentence_label": label}
 
     def state_dict(self) -> dict:
-        return {"current": [s.tolist() for s in self.current], "whole": [s.tolist() for s in self.whole],
-                "previous": [s.tolist() for s in self.previous], "count": self.count}
+        return {
+            "current": [s.tolist() for s in self.current],
+            "whole": [s.tolist() for s in self.whole],
+            "previous": [s.tolist() for s in self.previous],
+            "count": self.count,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.current = [np.asarray(s, dtype=np.int64) for s in state["current"]]
@@ -86,8 +91,9 @@ class PairBuilder:
         self.count = state["count"]
 
 
-def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _truncate_pair(
+    a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Trim the longer segment, one token at a time from a random end, until both fit."""
     while len(a) + len(b) > max_tokens:
         longer = a if len(a) > len(b) else b
@@ -114,10 +120,22 @@ class SentencePairMLM(Objective):
         return opts.whole_word
 
     def sample(self, unit, rng, *, vocab, opts):
-        inputs, labels = mask_tokens(unit["tokens"], rng, cfg=self.masking(opts), mask_id=vocab.id("mask"),
-                                     vocab_size=vocab.size, special_ids=vocab.specials, word_starts=vocab.word_starts)
-        return {"input_ids": inputs, "labels": labels, "token_type_ids": unit["token_type_ids"],
-                "sentence_label": np.asarray(unit["sentence_label"]), **masked_positions(labels)}
+        inputs, labels = mask_tokens(
+            unit["tokens"],
+            rng,
+            cfg=self.masking(opts),
+            mask_id=vocab.id("mask"),
+            vocab_size=vocab.size,
+            special_ids=vocab.specials,
+            word_starts=vocab.word_starts,
+        )
+        return {
+            "input_ids": inputs,
+            "labels": labels,
+            "token_type_ids": unit["token_type_ids"],
+            "sentence_label": np.asarray(unit["sentence_label"]),
+            **masked_positions(labels),
+        }
 
     def loss(self, model, batch, *, metrics):
         out = model(**encoder_inputs(batch))
@@ -127,8 +145,12 @@ class SentencePairMLM(Objective):
         if not metrics:
             return loss, {}
         n = len(batch["sentence_label"])
-        return loss, {**token_sums(nll, picked, targets), "sentence_nll": sentence.item() * n, "sentences": n,
-                      "sentence_correct": int((out["sentence_logits"].argmax(-1) == batch["sentence_label"]).sum())}
+        return loss, {
+            **token_sums(nll, picked, targets),
+            "sentence_nll": sentence.item() * n,
+            "sentences": n,
+            "sentence_correct": int((out["sentence_logits"].argmax(-1) == batch["sentence_label"]).sum()),
+        }
 
     def report(self, totals):
         out = {**token_report(totals), "accuracy": totals["correct"] / max(totals["targets"], 1)}

@@ -1,4 +1,5 @@
 """ALBERT's pretraining objective: n-gram masked LM (n <= 3) + sentence-order prediction."""
+
 from __future__ import annotations
 
 from glm_dist.objectives.sentence_pairs import PAIR_SUMS, SentencePairMLM

@@ -6,6 +6,7 @@ their mean is exactly noise / spans). Inputs keep the non-noise tokens with one 
 span, targets the noise tokens with one sentinel before each span; both end with EOS. Sentinels
 count down from the top of the vocabulary (``<extra_id_0>`` is the highest id).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,15 @@ def noise_mask(length: int, rng: np.random.Generator, *, density: float = 0.15, 
     return np.cumsum(starts) % 2 == 1
 
 
-def corrupt(tokens: np.ndarray, rng: np.random.Generator, *, sentinels: list[int], eos_id: int,
-            density: float = 0.15, mean_span: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+def corrupt(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    sentinels: list[int],
+    eos_id: int,
+    density: float = 0.15,
+    mean_span: float = 3.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) for one raw example."""
     is_noise = noise_mask(len(tokens), rng, density=density, mean_span=mean_span)
     return _replace_spans(tokens, is_noise, sentinels, eos_id), _replace_spans(tokens, ~is_noise, sentinels, eos_id)
@@ -88,8 +96,14 @@ class SpanCorruption(Objective):
         return TokenPacker(raw, sep=None)
 
     def sample(self, unit, rng, *, vocab, opts):
-        inputs, targets = corrupt(unit, rng, sentinels=vocab.ids["sentinels"], eos_id=vocab.id("eos"),
-                                  density=opts.noise_density, mean_span=opts.mean_span)
+        inputs, targets = corrupt(
+            unit,
+            rng,
+            sentinels=vocab.ids["sentinels"],
+            eos_id=vocab.id("eos"),
+            density=opts.noise_density,
+            mean_span=opts.mean_span,
+        )
         return {"input_ids": inputs, "labels": targets, "decoder_input_ids": shift_right(targets, vocab.id("pad"))}
 
     def loss(self, model, batch, *, metrics):

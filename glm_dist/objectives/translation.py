@@ -7,6 +7,7 @@ and a sample cuts each side to ``seq_len`` tokens: ``input_ids`` the source, ``d
 Both vocabularies are ``word`` profile tokenizers, whose special ids agree. ``glm eval`` adds held-out
 BLEU of greedy and beam-search translations (``checkpoint_metrics``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,16 +43,21 @@ class Translation(Objective):
 
     def check_documents(self, dtype):
         if dtype.names != PAIR_TOKEN.names:
-            raise WrongDocuments("data.shards_dir is not a translation pair set: build one with glm data tokenize -c "
-                                 "CONFIG (data.source: a glm data gettext folder, data.vectors: GloVe text vectors)")
+            raise WrongDocuments(
+                "data.shards_dir is not a translation pair set: build one with glm data tokenize -c "
+                "CONFIG (data.source: a glm data gettext folder, data.vectors: GloVe text vectors)"
+            )
 
     def sample(self, unit, rng, *, vocab, opts):
         pair, limit = unit
         target = pair["side"] == TARGET
         source, tgt = pair["token"][~target].astype(np.int64), pair["token"][target].astype(np.int64)
         bos, eos = vocab.id("bos"), vocab.id("eos")
-        return {"input_ids": source[:limit], "decoder_input_ids": np.concatenate([[bos], tgt[:limit - 1]]),
-                "labels": np.concatenate([tgt[:limit - 1], [eos]])}
+        return {
+            "input_ids": source[:limit],
+            "decoder_input_ids": np.concatenate([[bos], tgt[: limit - 1]]),
+            "labels": np.concatenate([tgt[: limit - 1], [eos]]),
+        }
 
     def loss(self, model, batch, *, metrics):
         return seq2seq_loss(model, batch, metrics=metrics)

@@ -9,6 +9,7 @@ O_NOFOLLOW`` and mode 0600 under an unpredictable name, so a link planted at a g
 redirect the write. A folder that cannot be written falls back to the next; the line says so.
 Credentials in the traceback (URLs, tokens) are redacted.
 """
+
 from __future__ import annotations
 
 import os

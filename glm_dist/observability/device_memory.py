@@ -7,6 +7,7 @@ again, which synchronises the device; a count that grows says memory is fragment
 Reading them is the allocator's host-side bookkeeping: no device sync. Only CUDA keeps these
 counters; on the CPU there is no reading, and the metrics carry no keys (absent, not zero).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,9 +23,11 @@ def device_memory(device: torch.device | str) -> dict[str, float | int] | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    row = {"mem_max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-           "mem_max_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-           "mem_alloc_retries": int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))}
+    row = {
+        "mem_max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "mem_max_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        "mem_alloc_retries": int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)),
+    }
     torch.cuda.reset_peak_memory_stats(device)
     return row
 
@@ -42,4 +45,4 @@ def memory_postfix(metrics: dict) -> dict[str, str]:
 
 def wandb_key(key: str) -> str:
     """W&B's name of a train metric: the memory readings under ``memory/``, the rest under ``train/``."""
-    return f"memory/{key[len('mem_'):]}" if key in KEYS else f"train/{key}"
+    return f"memory/{key[len('mem_') :]}" if key in KEYS else f"train/{key}"

@@ -5,6 +5,7 @@ per device, for hardware the table lacks or a clock you know better); the datash
 known CUDA device for the run's precision (:func:`peak_flops`); else the best matmul rate measured on
 the run's own device (:func:`measure_matmul_peak`).
 """
+
 from __future__ import annotations
 
 import os
@@ -85,8 +86,14 @@ class MatmulPeak(NamedTuple):
 DEFAULT_SIZES = {"cpu": (512, 1024, 2048), "cuda": (2048, 4096, 8192)}
 
 
-def measure_matmul_peak(dtype: torch.dtype, device: torch.device | str, *, sizes: Sequence[int] | None = None,
-                        repeats: int = 3, budget_s: float = 2.0) -> MatmulPeak:
+def measure_matmul_peak(
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    sizes: Sequence[int] | None = None,
+    repeats: int = 3,
+    budget_s: float = 2.0,
+) -> MatmulPeak:
     """The best FLOP/s of n x n x n matmuls on ``device`` over ``sizes`` (default: per device type,
     :data:`DEFAULT_SIZES`) and ``repeats`` timed products of each, after one warm-up product per size.
     A larger size is skipped once the rate so far says it would end past ``budget_s`` seconds: on a CPU
@@ -98,8 +105,10 @@ def measure_matmul_peak(dtype: torch.dtype, device: torch.device | str, *, sizes
     808 GFLOP/s in bf16 where others gave 2,400-2,727)."""
     device = torch.device(device)
     if device.type not in DEFAULT_SIZES:
-        raise ValueError(f"measure_matmul_peak times CPU and CUDA devices, not {device.type!r}; set "
-                         f"GLM_PEAK_TFLOPS to this device's peak instead")
+        raise ValueError(
+            f"measure_matmul_peak times CPU and CUDA devices, not {device.type!r}; set "
+            f"GLM_PEAK_TFLOPS to this device's peak instead"
+        )
     best = MatmulPeak(0.0, 0)
     # its own generator: the run's default streams stay untouched (only the main rank measures, and
     # tensor ranks must keep drawing the same dropout masks -- parallel/rng.py)
@@ -135,8 +144,9 @@ def env_peak() -> float | None:
     try:
         tflops = float(value)
     except ValueError:
-        raise ValueError(f"GLM_PEAK_TFLOPS={value!r} is not a number; set it to the device's peak in "
-                         f"TFLOP/s (e.g. 989) or unset it") from None
+        raise ValueError(
+            f"GLM_PEAK_TFLOPS={value!r} is not a number; set it to the device's peak in TFLOP/s (e.g. 989) or unset it"
+        ) from None
     if tflops <= 0:
         raise ValueError(f"GLM_PEAK_TFLOPS={value!r} must be positive (TFLOP/s per device)")
     return tflops * 1e12
@@ -151,8 +161,9 @@ def mfu_peak(device: torch.device, precision: str, *, measure: bool) -> float | 
     if from_env is not None:
         return from_env
     if device.type == "cuda":
-        datasheet = peak_flops(torch.cuda.get_device_name(device), precision,
-                               tf32=torch.backends.cuda.matmul.allow_tf32)
+        datasheet = peak_flops(
+            torch.cuda.get_device_name(device), precision, tf32=torch.backends.cuda.matmul.allow_tf32
+        )
         if datasheet is not None:
             return datasheet
     return measure_matmul_peak(matmul_dtype(precision), device).flops if measure else None

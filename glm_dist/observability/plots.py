@@ -1,4 +1,5 @@
 """The loss-curve PNG written at the end of a run."""
+
 from __future__ import annotations
 
 import json

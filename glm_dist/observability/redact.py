@@ -6,6 +6,7 @@ secret-named keys (``password``, ``token``, ``secret``, ``key``, ...) before any
 ``redact_process_output`` puts the log records, the warnings and fsspec's cache metadata of the
 process under these rules; the ``glm`` command calls it first.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,19 +15,24 @@ import warnings
 from typing import Any
 
 HIDDEN = "REDACTED"
-SECRET_PARAMS = re.compile(r"(token|sig|signature|secret|password|passwd|pwd|key|credential|auth|x-amz-[a-z-]*)",
-                           re.IGNORECASE)
+SECRET_PARAMS = re.compile(
+    r"(token|sig|signature|secret|password|passwd|pwd|key|credential|auth|x-amz-[a-z-]*)", re.IGNORECASE
+)
 # a mapping's key whose value is a secret: the last word of the key (storage options' key/secret/token)
-SECRET_KEY = re.compile(r"(?:.*[_\-.])?(password|passwd|pwd|secret|token|auth|authorization|credentials?|key|"
-                        r"api_?key|access_?key|secret_?key|private_?key|session_?token|sig|signature)", re.IGNORECASE)
+SECRET_KEY = re.compile(
+    r"(?:.*[_\-.])?(password|passwd|pwd|secret|token|auth|authorization|credentials?|key|"
+    r"api_?key|access_?key|secret_?key|private_?key|session_?token|sig|signature)",
+    re.IGNORECASE,
+)
 # a URL, without the punctuation of the sentence around it ("reading URL: ...", "(URL)")
 URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]*[^\s\"'<>.,:;!?)\]}]")
 # user:password@ of a URL: everything after :// up to its last @ before the path, query or fragment
 USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/?#]*@")
 QUERY_PARAM = re.compile(r"([?&;])([^=&;#\s]+)=([^&;#\s]*)")
 # "Authorization: Bearer x", "authorization=Basic x", '"Authorization": "token x"'; a bare "Bearer x"
-AUTH_HEADER = re.compile(r"(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token|digest)\s+)?[^\s\"',;}]+",
-                         re.IGNORECASE)
+AUTH_HEADER = re.compile(
+    r"(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token|digest)\s+)?[^\s\"',;}]+", re.IGNORECASE
+)
 BEARER = re.compile(r"\b(bearer)\s+(?!REDACTED)[A-Za-z0-9\-._~+/]{8,}=*", re.IGNORECASE)
 
 
@@ -34,8 +40,9 @@ def redact_url(url: str) -> str:
     """``https://user:token@host/p?sig=abc&x=1`` -> ``https://REDACTED@host/p?sig=REDACTED&x=1``;
     every other byte of the URL is kept."""
     url = USERINFO.sub(lambda m: f"{m.group(1)}{HIDDEN}@", url)
-    return QUERY_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={HIDDEN}" if SECRET_PARAMS.search(m.group(2))
-                           else m.group(0), url)
+    return QUERY_PARAM.sub(
+        lambda m: f"{m.group(1)}{m.group(2)}={HIDDEN}" if SECRET_PARAMS.search(m.group(2)) else m.group(0), url
+    )
 
 
 def redact_text(text: str) -> str:
@@ -51,8 +58,12 @@ def redact(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, dict):
-        return {k: HIDDEN if isinstance(k, str) and SECRET_KEY.fullmatch(k) and isinstance(v, (str, bytes))
-                and v else redact(v) for k, v in value.items()}
+        return {
+            k: HIDDEN
+            if isinstance(k, str) and SECRET_KEY.fullmatch(k) and isinstance(v, (str, bytes)) and v
+            else redact(v)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return type(value)(redact(v) for v in value)
     return value
@@ -105,8 +116,10 @@ def _redact_cache_metadata() -> None:
         return
 
     def _save(self, metadata_to_save: dict, fn: str) -> None:
-        clean = {redact_text(k): {**d, "original": redact_text(d["original"])} if isinstance(d.get("original"), str)
-                 else d for k, d in metadata_to_save.items()}
+        clean = {
+            redact_text(k): {**d, "original": redact_text(d["original"])} if isinstance(d.get("original"), str) else d
+            for k, d in metadata_to_save.items()
+        }
         save(self, clean, fn)
 
     _save.redacts = True

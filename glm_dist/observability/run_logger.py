@@ -9,6 +9,7 @@ card of its sources (``data_card.json``).
 W&B is offline unless an API key is set (``logging.wandb_mode: auto``); the run id is kept in
 ``<out_dir>/wandb_run_id`` so a resumed job continues the same W&B run.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,14 @@ class RunLogger:
         if cfg.logging.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.train.max_steps, initial=start_step, desc="train", unit="step",
-                            dynamic_ncols=True, file=sys.stderr)
+            self.bar = tqdm(
+                total=cfg.train.max_steps,
+                initial=start_step,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
         if cfg.logging.wandb:
             self.wandb_run = self._init_wandb(attachments or {})
 
@@ -52,13 +59,16 @@ class RunLogger:
                     row = json.loads(line) if line.strip() else None
                 except json.JSONDecodeError:  # a crash mid-append leaves a partial last line
                     row = None
-                    self.message(f"warning: {self.metrics_file}:{n} is not a complete JSON row (a crash "
-                                 f"mid-write?); dropped")
+                    self.message(
+                        f"warning: {self.metrics_file}:{n} is not a complete JSON row (a crash mid-write?); dropped"
+                    )
                 if isinstance(row, dict) and isinstance(row.get("step"), int):
                     rows.append((line, row))
-            keep = [line for line, row in rows  # (in-loop task scores at start_step are not run again)
-                    if row["step"] < start_step
-                    or (row["step"] == start_step and row.get("kind") in ("train", "tasks"))]
+            keep = [
+                line
+                for line, row in rows  # (in-loop task scores at start_step are not run again)
+                if row["step"] < start_step or (row["step"] == start_step and row.get("kind") in ("train", "tasks"))
+            ]
             self.metrics_file.write_text("".join(line + "\n" for line in keep))
 
     def _init_wandb(self, attachments: dict):
@@ -74,9 +84,18 @@ class RunLogger:
         os.environ.setdefault("WANDB_SILENT", "true")
         argv, sys.argv = sys.argv, redact(sys.argv)  # W&B records the command line with the run
         try:
-            run = wandb.init(project=lc.project, entity=lc.entity, name=redact(lc.run_name or self.out_dir.name),
-                             group=redact(lc.group), tags=redact(list(lc.tags)), dir=str(self.out_dir), id=run_id,
-                             resume="allow", mode=mode, config=redact(to_dict(self.cfg)))
+            run = wandb.init(
+                project=lc.project,
+                entity=lc.entity,
+                name=redact(lc.run_name or self.out_dir.name),
+                group=redact(lc.group),
+                tags=redact(list(lc.tags)),
+                dir=str(self.out_dir),
+                id=run_id,
+                resume="allow",
+                mode=mode,
+                config=redact(to_dict(self.cfg)),
+            )
         finally:
             sys.argv = argv
         for name, payload in attachments.items():  # e.g. the data manifest
@@ -97,8 +116,12 @@ class RunLogger:
         self.memory_postfix = memory_postfix(metrics) or self.memory_postfix
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
-                                 **self.memory_postfix, refresh=False)
+            self.bar.set_postfix(
+                loss=f"{metrics['loss']:.4f}",
+                tok_s=f"{metrics['tokens_per_s']:.0f}",
+                **self.memory_postfix,
+                refresh=False,
+            )
         if step % self.cfg.logging.log_interval == 0 and self.wandb_run is not None:
             self.wandb_run.log({wandb_key(k): v for k, v in metrics.items()}, step=step)
 
@@ -106,13 +129,18 @@ class RunLogger:
         if not self.is_main:
             return
         self._append({"kind": "val", "step": step, **{f"val_{k}": v for k, v in metrics.items()}})
-        extra = "".join(f", {k.replace('_', ' ')} {metrics[k]:.4f}" for k in
-                        ("bits_per_byte", "accuracy", "sentence_accuracy", "replaced_accuracy") if k in metrics)
+        extra = "".join(
+            f", {k.replace('_', ' ')} {metrics[k]:.4f}"
+            for k in ("bits_per_byte", "accuracy", "sentence_accuracy", "replaced_accuracy")
+            if k in metrics
+        )
         # no perplexity where the loss is no likelihood (GloVe's least squares reports none)
         ppl_text = f", perplexity {metrics['perplexity']:.2f}" if "perplexity" in metrics else ""
-        sources = "; ".join(f"{k[len('loss/'):]} {v:.4f}" for k, v in metrics.items() if k.startswith("loss/"))
-        self.message(f"step {step}: validation loss {metrics['loss']:.4f}{ppl_text}{extra}"
-                     + (f" (the mixture's; per source: {sources})" if sources else ""))
+        sources = "; ".join(f"{k[len('loss/') :]} {v:.4f}" for k, v in metrics.items() if k.startswith("loss/"))
+        self.message(
+            f"step {step}: validation loss {metrics['loss']:.4f}{ppl_text}{extra}"
+            + (f" (the mixture's; per source: {sources})" if sources else "")
+        )
         if self.wandb_run is not None:
             self.wandb_run.log({f"val/{k}": v for k, v in metrics.items()}, step=step)
 
@@ -123,9 +151,11 @@ class RunLogger:
             return
         self._append({"kind": "data", "step": step, **counts})
         if counts.get("skipped_documents") or counts.get("skipped_shards"):
-            self.message(f"step {step}: data: {counts['skipped_documents']} document read(s) failed after retries "
-                         f"on all ranks so far (their tokens padded), {counts['skipped_shards']} shard(s) skipped; "
-                         f"each rank's log names the shards")
+            self.message(
+                f"step {step}: data: {counts['skipped_documents']} document read(s) failed after retries "
+                f"on all ranks so far (their tokens padded), {counts['skipped_shards']} shard(s) skipped; "
+                f"each rank's log names the shards"
+            )
         if self.wandb_run is not None:
             self.wandb_run.log({f"data/{k}": v for k, v in counts.items()}, step=step)
 
@@ -150,8 +180,9 @@ class RunLogger:
         if not self.is_main or metrics is None:
             return
         self._append({"kind": "tasks", "step": step, **metrics})
-        scores = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
-                           if "/" in k and "stderr" not in k and not k.endswith("/ranks"))
+        scores = ", ".join(
+            f"{k} {v:.4f}" for k, v in metrics.items() if "/" in k and "stderr" not in k and not k.endswith("/ranks")
+        )
         self.message(f"step {step}: {scores} ({metrics['seconds']:.1f} s)")
         if self.wandb_run is not None:
             self.wandb_run.log({f"tasks/{k}": v for k, v in metrics.items()}, step=step)

@@ -40,6 +40,7 @@ On CUDA (with Triton, outside a vocabulary split), one ``torch.compile``d functi
 (``_softmax_xent_``): the 16-bit (n, V) logits in, its NLL out and the logits overwritten by their
 gradient -- three reads and one write of 16-bit elements (8 bytes), in chunks of ``FUSED_CHUNK_TOKENS``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -108,8 +109,10 @@ def vocab_split(split: VocabSplit | None) -> Iterator[None]:
 def _active(width: int) -> VocabSplit | None:
     """The split in force, checked against the logits' (or output matrix's) vocabulary width."""
     if _split is not None and width != _split.width:
-        raise ValueError(f"logits of width {width} inside a vocabulary split of {_split.width} columns "
-                         f"[{_split.start}, {_split.end}) of {_split.vocab}: not this rank's vocabulary shard")
+        raise ValueError(
+            f"logits of width {width} inside a vocabulary split of {_split.width} columns "
+            f"[{_split.start}, {_split.end}) of {_split.vocab}: not this rank's vocabulary shard"
+        )
     return _split
 
 
@@ -181,10 +184,17 @@ def _add_to_groups(rows: torch.Tensor, valid: torch.Tensor) -> None:
         return
     groups, sums = _groups
     if rows.numel() % groups.numel():
-        raise ValueError(f"a loss over {rows.numel()} tokens inside row_groups of {groups.numel()} batch rows: "
-                         f"its tokens are not batch-major")
-    per_row = torch.stack([rows.detach().view(groups.numel(), -1).sum(1, dtype=torch.float64),
-                           valid.view(groups.numel(), -1).sum(1, dtype=torch.float64)], dim=1)  # (B, 2)
+        raise ValueError(
+            f"a loss over {rows.numel()} tokens inside row_groups of {groups.numel()} batch rows: "
+            f"its tokens are not batch-major"
+        )
+    per_row = torch.stack(
+        [
+            rows.detach().view(groups.numel(), -1).sum(1, dtype=torch.float64),
+            valid.view(groups.numel(), -1).sum(1, dtype=torch.float64),
+        ],
+        dim=1,
+    )  # (B, 2)
     sums.index_add_(0, groups, per_row)
 
 
@@ -205,8 +215,15 @@ def _targets(targets: torch.Tensor, ignore_index: int, split: VocabSplit | None)
     return valid, owned, torch.where(owned, local, 0)
 
 
-def _nll_(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, *, softmax: bool = False,
-          split: VocabSplit | None = None, dim: int = 1):
+def _nll_(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int,
+    *,
+    softmax: bool = False,
+    split: VocabSplit | None = None,
+    dim: int = 1,
+):
     """In place on fp32 logits whose ``dim`` runs over the vocabulary -- (n, V), or (V, n) with
     ``dim=0`` (this rank's V columns under ``split``) -- which become exp(logits - max) or, ``softmax``,
     the probabilities, with no other logits-sized tensor made:
@@ -225,8 +242,9 @@ def _nll_(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, *, sof
     return torch.where(valid, lse - picked, 0.0), lse, valid, owned, safe
 
 
-def _dlogits_(probs: torch.Tensor, safe: torch.Tensor, owned: torch.Tensor, scale: torch.Tensor, *,
-              dim: int = 1) -> torch.Tensor:
+def _dlogits_(
+    probs: torch.Tensor, safe: torch.Tensor, owned: torch.Tensor, scale: torch.Tensor, *, dim: int = 1
+) -> torch.Tensor:
     """In place: fp32 softmax (vocabulary along ``dim``) -> scale * (softmax - one-hot), the gradient of
     each row's NLL times its ``scale`` (n,) (0 for ignored rows); the one-hot only where this rank
     ``owned`` the target."""
@@ -243,7 +261,7 @@ def _accumulate_(total: torch.Tensor, part: torch.Tensor, *, first: bool, scratc
     elif part.dtype == total.dtype or scratch.numel() < part.numel():
         total.add_(part)
     else:
-        total.add_(scratch[:part.numel()].view(part.shape).copy_(part))
+        total.add_(scratch[: part.numel()].view(part.shape).copy_(part))
 
 
 @dataclass
@@ -261,21 +279,31 @@ class _Grads:
         return self.h is not None or self.w_part is not None or self.b is not None
 
 
-def _backprop_chunk(g: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, out: _Grads, *, start: int,
-                    scratch: torch.Tensor) -> None:
+def _backprop_chunk(
+    g: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, out: _Grads, *, start: int, scratch: torch.Tensor
+) -> None:
     """The projection's backward for one chunk: g (V, n), d NLL / d logits transposed in the projection's
     dtype (or a transposed view), h (n, C) the chunk's input rows -> its rows of the input's gradient
     and its share of the output matrix's."""
     if out.h is not None:
-        torch.mm(g.T, weight, out=out.h[start:start + g.shape[1]])  # (n, C)
+        torch.mm(g.T, weight, out=out.h[start : start + g.shape[1]])  # (n, C)
     if out.w_part is not None:
         torch.mm(g, h, out=out.w_part)  # (V, C)
         if out.w is not None:
             _accumulate_(out.w, out.w_part, first=start == 0, scratch=scratch)
 
 
-def _transposed_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                       out: _Grads, *, chunk: int, ignore_index: int, split: VocabSplit | None) -> None:
+def _transposed_chunks(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    out: _Grads,
+    *,
+    chunk: int,
+    ignore_index: int,
+    split: VocabSplit | None,
+) -> None:
     """The eager loop, tuned on the CPU (and the one under a vocabulary split). The chunk's logits are
     made transposed, (V, n) = weight @ h.T, into two buffers reused by every chunk (the matmul's output
     in the compute dtype, its fp32 copy), and the gradient matmuls write into buffers too. With the
@@ -287,20 +315,22 @@ def _transposed_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     # (V, n) views of flat buffers: in the compute dtype, and in fp32 (the same buffer when that is
     # fp32); a shorter last chunk takes the buffers' leading V x n elements
     low = torch.empty(vocab * chunk, dtype=hidden.dtype, device=hidden.device)
-    high = low if hidden.dtype == torch.float32 else torch.empty(vocab * chunk, dtype=torch.float32,
-                                                                 device=hidden.device)
+    high = (
+        low if hidden.dtype == torch.float32 else torch.empty(vocab * chunk, dtype=torch.float32, device=hidden.device)
+    )
     for start in range(0, n_rows, chunk):
-        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
         n = h.shape[0]
-        logits_low, logits = low[:vocab * n].view(vocab, n), high[:vocab * n].view(vocab, n)
+        logits_low, logits = low[: vocab * n].view(vocab, n), high[: vocab * n].view(vocab, n)
         torch.mm(weight, h.T, out=logits_low)
         if logits is not logits_low:
             logits.copy_(logits_low)
         if bias is not None:
             logits.add_(bias.unsqueeze(1))
         logits[real:].fill_(float("-inf"))  # the vocabulary's padding rows, if any
-        out.rows[start:start + n], _, valid, owned, safe = _nll_(logits, t, ignore_index, softmax=out.wanted,
-                                                                 split=split, dim=0)
+        out.rows[start : start + n], _, valid, owned, safe = _nll_(
+            logits, t, ignore_index, softmax=out.wanted, split=split, dim=0
+        )
         if not out.wanted:
             continue
         g = _dlogits_(logits, safe, owned, valid.float(), dim=0)  # (V, n) fp32
@@ -311,8 +341,9 @@ def _transposed_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
         _backprop_chunk(g, h, weight, out, start=start, scratch=high)
 
 
-def _softmax_xent_(logits: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None, real: int,
-                   ignore_index: int, grads: bool) -> torch.Tensor:
+def _softmax_xent_(
+    logits: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None, real: int, ignore_index: int, grads: bool
+) -> torch.Tensor:
     """One chunk's softmax cross entropy as one fused kernel once compiled (``_compiled_softmax_xent``):
     (n, V) logits in the compute dtype (+ bias (V,)), targets (n,) -> (n,) fp32 NLL, 0 where ignored;
     ``grads``: the logits are overwritten by softmax - one-hot (0 on ignored rows), the gradient of each
@@ -339,8 +370,16 @@ def _compiled_softmax_xent():
     return torch.compile(_softmax_xent_, dynamic=False, fullgraph=True)
 
 
-def _compiled_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                     out: _Grads, *, chunk: int, ignore_index: int) -> None:
+def _compiled_chunks(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    out: _Grads,
+    *,
+    chunk: int,
+    ignore_index: int,
+) -> None:
     """The GPU's loop: each chunk's logits (n, V) = h @ weight.T -- rows contiguous for the kernel's
     reductions, V a multiple of 128 when the model pads its vocabulary -- into one buffer every chunk
     reuses, which the compiled ``_softmax_xent_`` turns into the chunk's NLL and, in place, its gradient."""
@@ -349,10 +388,10 @@ def _compiled_chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     buf = torch.empty(chunk * vocab, dtype=hidden.dtype, device=hidden.device)
     no_scratch = buf.new_empty(0, dtype=torch.float32)  # a mixed-dtype add_ makes no temporary on a GPU
     for start in range(0, n_rows, chunk):
-        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
         n = h.shape[0]
-        logits = torch.mm(h, weight.T, out=buf[:vocab * n].view(n, vocab))  # (n, V)
-        out.rows[start:start + n] = kernel(logits, t, bias, real, ignore_index, out.wanted)
+        logits = torch.mm(h, weight.T, out=buf[: vocab * n].view(n, vocab))  # (n, V)
+        out.rows[start : start + n] = kernel(logits, t, bias, real, ignore_index, out.wanted)
         if not out.wanted:
             continue
         if out.b is not None:
@@ -371,12 +410,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         want_h, want_w, want_b = (grads and need for need in ctx.needs_input_grad[:3])
         n_rows = hidden.shape[0]
         chunk = min(chunk, n_rows) or 1
-        out = _Grads(rows=torch.empty(n_rows, dtype=torch.float32, device=hidden.device),
-                     h=torch.empty_like(hidden) if want_h else None,
-                     w=torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
-                     if want_w and chunk < n_rows else None,
-                     w_part=torch.empty_like(weight) if want_w else None,
-                     b=torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device) if want_b else None)
+        out = _Grads(
+            rows=torch.empty(n_rows, dtype=torch.float32, device=hidden.device),
+            h=torch.empty_like(hidden) if want_h else None,
+            w=torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+            if want_w and chunk < n_rows
+            else None,
+            w_part=torch.empty_like(weight) if want_w else None,
+            b=torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device) if want_b else None,
+        )
         if compiled:
             _compiled_chunks(hidden, weight, bias, targets, out, chunk=chunk, ignore_index=ignore_index)
         else:
@@ -400,9 +442,16 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         bias: torch.Tensor | None = None, chunk_tokens: int | None = None,
-                         ignore_index: int = IGNORE_INDEX, compiled: bool | None = None) -> LinearCE:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_tokens: int | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    compiled: bool | None = None,
+) -> LinearCE:
     """NLL of ``targets`` under ``softmax(hidden @ weight.T + bias)``: hidden (..., C), weight
     (V, C), targets (...) -> ``LinearCE`` (summed NLL, per-row NLL, count); the mean loss is
     ``nll / count.clamp(min=1)``. Inside ``vocab_split`` weight (and bias) are this rank's rows.
@@ -413,8 +462,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     if compiled is None:
         compiled = hidden.is_cuda and split is None and importlib.util.find_spec("triton") is not None
     if compiled and split is not None:
-        raise ValueError("the compiled loss kernel runs outside a vocabulary split (compiled=None picks the eager "
-                         "chain there)")
+        raise ValueError(
+            "the compiled loss kernel runs outside a vocabulary split (compiled=None picks the eager chain there)"
+        )
     chunk = chunk_tokens or (FUSED_CHUNK_TOKENS if compiled else CHUNK_TOKENS)
     dtype = _compute_dtype(hidden)
     h = hidden.reshape(-1, hidden.shape[-1]).to(dtype)
@@ -452,22 +502,29 @@ class _CrossEntropy(torch.autograd.Function):
             end = start + ctx.chunk
             valid, owned, safe = _targets(targets[start:end], ctx.ignore_index, ctx.split)
             probs = logits[start:end].to(torch.float32, copy=True).sub_(lse[start:end, None]).exp_()
-            probs[:, ctx.real:] = 0.0
+            probs[:, ctx.real :] = 0.0
             g = _dlogits_(probs, safe, owned, grad_rows[start:end].float() * valid)
             grad[start:end] = g.to(logits.dtype)
             del probs, g  # before the next chunk's
         return grad, None, None, None, None
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int = CHUNK_TOKENS,
-                  ignore_index: int = IGNORE_INDEX, reduction: str = "sum") -> torch.Tensor:
+def cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int = CHUNK_TOKENS,
+    ignore_index: int = IGNORE_INDEX,
+    reduction: str = "sum",
+) -> torch.Tensor:
     """``F.cross_entropy(logits.float(), targets, reduction=...)`` over (..., V) logits, fp32 a chunk
     at a time. ``reduction``: ``sum``, ``mean`` (over the predicted rows) or ``none`` (targets' shape).
     Inside ``vocab_split`` the logits are this rank's columns; inside ``vocab_padding`` the padding's
     are left out of the softmax."""
     t = targets.reshape(-1)
-    rows = _CrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), t, max(1, chunk_tokens), ignore_index,
-                               _active(logits.shape[-1]))
+    rows = _CrossEntropy.apply(
+        logits.reshape(-1, logits.shape[-1]), t, max(1, chunk_tokens), ignore_index, _active(logits.shape[-1])
+    )
     _add_to_groups(rows, t != ignore_index)
     if reduction == "none":
         return rows.view(targets.shape)
@@ -492,8 +549,9 @@ def predicted(logits: torch.Tensor) -> torch.Tensor:
     return split.all_reduce(mine, "min", group=split.group)
 
 
-def loss_logits_bytes(tokens: int, vocab: int, *, d_model: int, fused: bool, logit_bytes: int = 2,
-                      chunk_tokens: int = CHUNK_TOKENS) -> float:
+def loss_logits_bytes(
+    tokens: int, vocab: int, *, d_model: int, fused: bool, logit_bytes: int = 2, chunk_tokens: int = CHUNK_TOKENS
+) -> float:
     """Peak bytes of the loss over ``tokens`` rows: one chunk of fp32 logits, plus -- ``fused`` --
     the output matrix's gradient made in the forward (fp32 accumulator, then kept and scaled in
     16-bit), or -- not fused -- the model's whole (tokens x vocab) logits and their gradient in

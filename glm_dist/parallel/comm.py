@@ -13,6 +13,7 @@ A collective that one rank never joins times out after ``parallel.collective_tim
 others then ask a side gloo group which ranks are missing (``diagnose_timeout``), so the message
 names the rank instead of leaving a silent hang.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -27,8 +28,15 @@ import torch.distributed as dist
 FORCE_ENV = "GLM_FORCE_COLLECTIVES"
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # device types each backend's collectives accept (gloo's CUDA support is partial: use the CPU)
-BACKEND_DEVICES = {"gloo": ("cpu",), "nccl": ("cuda",), "mpi": ("cpu",), "ucc": ("cpu", "cuda"),
-                   "xccl": ("xpu",), "ccl": ("cpu", "xpu"), "hccl": ("hpu",)}
+BACKEND_DEVICES = {
+    "gloo": ("cpu",),
+    "nccl": ("cuda",),
+    "mpi": ("cpu",),
+    "ucc": ("cpu", "cuda"),
+    "xccl": ("xpu",),
+    "ccl": ("cpu", "xpu"),
+    "hccl": ("hpu",),
+}
 _side_group = None  # gloo group for diagnostics (monitored barrier), made by ``init_side_group``
 
 
@@ -139,7 +147,7 @@ def all_gather_bytes(data: bytes, group=None) -> list[bytes]:
     sizes = [int(n) for n in all_gather(torch.tensor([len(data)], device=device), group)]
     buf = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     if data:
-        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return [p[:n].cpu().numpy().tobytes() for p, n in zip(all_gather(buf, group), sizes)]
 
 
@@ -164,20 +172,32 @@ def broadcast_batches(batches: list[dict[str, torch.Tensor]] | None, group=None)
     if not active(group):
         return batches or []
     lead = dist.get_rank(group) == 0
-    header = json.dumps([[(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in b.items()]
-                         for b in batches]).encode() if lead else None
+    header = (
+        json.dumps(
+            [[(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in b.items()] for b in batches]
+        ).encode()
+        if lead
+        else None
+    )
     spec = json.loads(broadcast_bytes(header, group))
-    parts = ([v.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for b in batches for v in b.values()]
-             if lead else [])
+    parts = (
+        [v.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for b in batches for v in b.values()]
+        if lead
+        else []
+    )
     data = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
     sizes = [math.prod(shape) * getattr(torch, dtype).itemsize for b in spec for _, dtype, shape in b]
     device = comm_device(group)
     buf = data.to(device) if lead else torch.empty(sum(sizes), dtype=torch.uint8, device=device)
     dist.broadcast(buf, src=_group_src(group), group=group)
     chunks = iter(buf.cpu().split(sizes))
-    return [{k: next(chunks).clone().view(getattr(torch, dtype)).reshape(shape)  # aligned copies
-             for k, dtype, shape in b}
-            for b in spec]
+    return [
+        {
+            k: next(chunks).clone().view(getattr(torch, dtype)).reshape(shape)  # aligned copies
+            for k, dtype, shape in b
+        }
+        for b in spec
+    ]
 
 
 def _group_src(group) -> int:
@@ -213,7 +233,7 @@ def first_error(message: str | None, *, max_bytes: int = 2048) -> str | None:
     buf = torch.zeros(max_bytes, dtype=torch.int32, device=device)
     if rank == first:
         data = message.encode("utf-8")[:max_bytes]
-        buf[:len(data)] = torch.tensor(list(data), dtype=torch.int32, device=device)
+        buf[: len(data)] = torch.tensor(list(data), dtype=torch.int32, device=device)
     dist.all_reduce(buf, op=dist.ReduceOp.SUM)
     data = bytes(int(b) for b in buf.tolist() if b)
     return data.decode("utf-8", "replace")

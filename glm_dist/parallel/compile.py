@@ -15,6 +15,7 @@ per layer, the other layers once). ZeRO-3 and tensor parallelism are refused by 
 ZeRO-3's parameter hooks and the tensor-parallel collectives sit inside the block and would break its
 graph.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -43,8 +44,10 @@ def compile_blocks(model: nn.Module, **options) -> int:
     ``mode``); returns how many. Refuses a model without blocks (nothing would be compiled)."""
     blocks = transformer_blocks(model)
     if not blocks:
-        raise ValueError(f"train.compile found no transformer blocks in {type(model).__name__} (no nn.ModuleList "
-                         f"of blocks, nor a repeated pipeline layer); set train.compile=false")
+        raise ValueError(
+            f"train.compile found no transformer blocks in {type(model).__name__} (no nn.ModuleList "
+            f"of blocks, nor a repeated pipeline layer); set train.compile=false"
+        )
     for block in blocks:
         block.compile(**options)
     return len(blocks)

@@ -4,6 +4,7 @@ DeepSpeed picks the accelerator (CUDA -> nccl, CPU -> gloo); a plain ``glm train
 world of one so the same code path runs everywhere. The collectives themselves live in
 ``comm.py``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -53,13 +54,18 @@ def srun_environment(env: dict[str, str], *, visible_devices: int) -> dict[str, 
     see -- 0 when SLURM binds one GPU per task (``--gpus-per-task=1``)."""
     local = int(env.get("SLURM_LOCALID", "0"))
     if visible_devices > 1 and local >= visible_devices:
-        raise RuntimeError(f"SLURM task {local} on this node sees {visible_devices} GPUs: start one task per GPU "
-                           f"(--ntasks-per-node=GPUs) or bind one GPU per task (--gpus-per-task=1)")
+        raise RuntimeError(
+            f"SLURM task {local} on this node sees {visible_devices} GPUs: start one task per GPU "
+            f"(--ntasks-per-node=GPUs) or bind one GPU per task (--gpus-per-task=1)"
+        )
     job = int(env.get("SLURM_JOB_ID", "0"))
-    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
-            "LOCAL_RANK": str(local if visible_devices > 1 else 0),
-            "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
-            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + job % 20000)}
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": str(local if visible_devices > 1 else 0),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + job % 20000),
+    }
 
 
 def _visible_gpus() -> int:
@@ -85,8 +91,13 @@ def init_distributed(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "WORLD_SIZE" not in os.environ:
         os.environ.update(srun_environment(dict(os.environ), visible_devices=_visible_gpus()))
     if "RANK" not in os.environ:  # a plain process: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if _visible_gpus():
         torch.cuda.set_device(local_rank)

@@ -1,4 +1,5 @@
 """The one place DeepSpeed is applied to a model (docs/architecture.md, decision 1)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,11 @@ from glm_dist.config.deepspeed_json import deepspeed_config
 from glm_dist.config.schema import Config
 
 # DeepSpeed's optimizer wrappers that read their gradient checks on the host (OnDeviceChecks)
-WRAPPER_MODULES = ("deepspeed.runtime.bf16_optimizer", "deepspeed.runtime.zero.stage_1_and_2",
-                   "deepspeed.runtime.zero.stage3")
+WRAPPER_MODULES = (
+    "deepspeed.runtime.bf16_optimizer",
+    "deepspeed.runtime.zero.stage_1_and_2",
+    "deepspeed.runtime.zero.stage3",
+)
 
 
 def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config, *, dp_size: int, mpu=None):
@@ -21,8 +25,9 @@ def build_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config
     data/tensor process groups under tensor parallelism (a pipeline module brings its own)."""
     import deepspeed
 
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=mpu,
-                                           config=deepspeed_config(cfg, dp_size=dp_size))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, mpu=mpu, config=deepspeed_config(cfg, dp_size=dp_size)
+    )
     if engine.optimizer is not optimizer and fused_adam(optimizer) and not cfg.parallel.offload_optimizer:
         OnDeviceChecks(engine.optimizer, optimizer).install()
     return engine

@@ -17,6 +17,7 @@ ranks under ZeRO-0, tensor ranks of a parameter that is not split, a pipeline's 
 the first and last stage) each write a different part, so every element is written once and
 every rank writes about its share.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-WRAPPERS = {"fp32_partitioned_groups_flat": "zero3", "single_partition_of_fp32_groups": "zero12",
-            "bf16_groups": "bf16"}
+WRAPPERS = {"fp32_partitioned_groups_flat": "zero3", "single_partition_of_fp32_groups": "zero12", "bf16_groups": "bf16"}
 
 
 class Naming:
@@ -58,14 +58,16 @@ def pipeline_tied(pipe, rank: int):
     """``Naming.tied`` of a DeepSpeed pipeline stage: a tied module's shared weights (its
     ``weight_attr``) have one copy per stage in ``tied_comms[key]['ranks']`` (in stage order);
     the rest of a tied module lives on its stage alone."""
+
     def tied(key: str) -> tuple[int, int]:
         if not key.startswith("tied_modules."):
             return 0, 1
-        module, _, attr = key[len("tied_modules."):].partition(".")
+        module, _, attr = key[len("tied_modules.") :].partition(".")
         comm = getattr(pipe, "tied_comms", {}).get(module)
         if comm is None or attr not in comm["weight_attr"] or rank not in comm["ranks"]:
             return 0, 1
         return comm["ranks"].index(rank), len(comm["ranks"])
+
     return tied
 
 
@@ -89,8 +91,10 @@ def holder(engine) -> str:
     read as 'plain', its 16-bit weights would be saved as the masters and its moments not at all."""
     kind = next((kind for attr, kind in WRAPPERS.items() if hasattr(engine.optimizer, attr)), "plain")
     if kind == "plain" and base_optimizer(engine) is not engine.optimizer:
-        raise TypeError(f"DeepSpeed chose {type(engine.optimizer).__name__}, whose fp32 masters and moments "
-                        f"no checkpoint here reads or writes (config/deepspeed_json.py picks the optimizer)")
+        raise TypeError(
+            f"DeepSpeed chose {type(engine.optimizer).__name__}, whose fp32 masters and moments "
+            f"no checkpoint here reads or writes (config/deepspeed_json.py picks the optimizer)"
+        )
     return kind
 
 
@@ -115,9 +119,15 @@ def pieces(engine, naming: Naming, coords: dict, sizes: dict) -> list[Piece]:
         if piece is None:
             continue
         piece.write = _share(piece, naming.tied(key), coords, sizes, whole=piece.whole, total=math.prod(local))
-        piece.moments = moments if kind != "plain" else sorted(
-            k for k, v in base_optimizer(engine).state.get(p, {}).items()
-            if torch.is_tensor(v) and v.dim() > 0 and v.shape == p.shape)
+        piece.moments = (
+            moments
+            if kind != "plain"
+            else sorted(
+                k
+                for k, v in base_optimizer(engine).state.get(p, {}).items()
+                if torch.is_tensor(v) and v.dim() > 0 and v.shape == p.shape
+            )
+        )
         out.append(piece)
     return out
 
@@ -137,26 +147,37 @@ def _fragment(engine, kind: str, p: nn.Parameter, name: str, shape, tp) -> Piece
         numel = max(0, min(part, p.ds_numel - start))
 
         def view(k: str, p=p, numel=numel) -> torch.Tensor:
-            return opt._get_fp32_opt_state_partition(p, release_swap_buffers=False,
-                                                     optim_state_key=None if k == "fp32" else k)[0][:numel]
+            return opt._get_fp32_opt_state_partition(
+                p, release_swap_buffers=False, optim_state_key=None if k == "fp32" else k
+            )[0][:numel]
+
         return Piece(name, shape, tp, start, numel, view)
     if kind in ("zero12", "bf16") and getattr(p, "_hp_mapping", None) is not None:
         address = p._hp_mapping.lp_fragment_address
-        return Piece(name, shape, tp, address.start, address.numel,
-                     lambda k, m=p._hp_mapping: m.get_hp_fragment(None if k == "fp32" else k))
+        return Piece(
+            name,
+            shape,
+            tp,
+            address.start,
+            address.numel,
+            lambda k, m=p._hp_mapping: m.get_hp_fragment(None if k == "fp32" else k),
+        )
     if kind in ("zero12", "bf16") and hasattr(p, "_hp_mapping"):
         return None  # its fp32 master lives on other data-parallel ranks
     base = base_optimizer(engine)
 
     def plain(k: str, p=p) -> torch.Tensor:
         return (p.detach() if k == "fp32" else base.state[p][k]).reshape(-1)
-    extra = {k: v for k, v in base.state.get(p, {}).items()
-             if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape}
+
+    extra = {
+        k: v for k, v in base.state.get(p, {}).items() if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape
+    }
     return Piece(name, shape, tp, 0, p.numel(), plain, whole=True, extra=extra)
 
 
-def _share(piece: Piece, tied: tuple[int, int], coords: dict, sizes: dict, *, whole: bool,
-           total: int) -> tuple[int, int]:
+def _share(
+    piece: Piece, tied: tuple[int, int], coords: dict, sizes: dict, *, whole: bool, total: int
+) -> tuple[int, int]:
     """The part of the fragment this rank writes (``total``: elements of the TP-local tensor). Tied
     copies split the tensor's element range; identical replicas (whole fragments over the data
     ranks, unsplit tensors over the tensor ranks) split the fragment."""
@@ -181,6 +202,7 @@ def optimizer_step(engine) -> dict:
         if "step" in state and step is None:
             step = state["step"]
     return {"moments": keys, "step": None if step is None else float(step), "step_tensor": torch.is_tensor(step)}
+
 
 def link_moments(engine) -> None:
     """Point each parameter's optimizer-state fragments at the current flat moments. DeepSpeed's
@@ -212,14 +234,18 @@ def init_state(engine, saved: dict, plain_kinds: dict[int, dict[str, tuple]]) ->
 
     def step_value(t: torch.Tensor):  # LAMB counts in a Python int
         return step_like(base, t, step) if saved.get("step_tensor", True) else int(step)
+
     if base is engine.optimizer:  # plain: per parameter
         for p in (q for g in base.param_groups for q in g["params"]):
             shapes = plain_kinds.get(id(p), {})
-            base.state[p].update({k: torch.zeros(shape, dtype=torch.float32, device=p.device)
-                                  for k, shape in shapes.items()}, step=step_value(p))
+            base.state[p].update(
+                {k: torch.zeros(shape, dtype=torch.float32, device=p.device) for k, shape in shapes.items()},
+                step=step_value(p),
+            )
         return
     flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None) or [
-        flat for group in base.param_groups for flat in group["params"]]
+        flat for group in base.param_groups for flat in group["params"]
+    ]
     for flat in flats:
         state = base.state[flat]
         state.update({k: torch.zeros_like(flat) for k in keys if k not in state}, step=step_value(flat))

@@ -12,6 +12,7 @@ sliced, and the tied embedding is the same on the first and the last stage. The 
 is the family's (its registry row's ``init_std``): N(0, 0.02) for BERT, GPT-1 and BART, GPT-2's
 residual projections scaled by 1 / sqrt(2 n_layer), T5's Mesh TensorFlow variances scaled by fan-in.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -75,7 +76,7 @@ def partitioned_build(build, ds_config: dict, *, std: StdRule, seed: int) -> nn.
         part = p.ds_tensor  # this rank's partition: elements [rank * n, (rank + 1) * n) of the flat, padded tensor
         n = part.ds_numel
         flat = _draw(name, p.ds_shape, std=std, seed=seed).reshape(-1)
-        mine = flat[rank * n:(rank + 1) * n]
+        mine = flat[rank * n : (rank + 1) * n]
         part.data.zero_()
-        part.data[:mine.numel()].copy_(mine.to(part.dtype))
+        part.data[: mine.numel()].copy_(mine.to(part.dtype))
     return module

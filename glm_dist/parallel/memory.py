@@ -1,5 +1,6 @@
 """What this rank actually holds: bytes of parameters (this rank's partition under ZeRO-3),
 gradients and optimizer states (fp32 master partitions and moments), measured from the tensors."""
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ as an unpipelined one and follows the same loss trajectory. (Building the whole 
 up to what one host holds; beyond that, construct on the meta device.) The loss runs on the last
 stage (``NonFiniteGuard``, ``pipeline_validate``).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,13 +44,17 @@ def check_partition(specs: list, stages: int, method: str, block: type) -> list[
     else:  # what DeepSpeed's "type:" method balances: one per block
         weights = [int(b) for b in is_block]
     parts = [int(i) for i in ds_utils.partition_balanced(weights=weights, num_parts=stages)]
-    empty = [s for s in range(stages) if not any(is_block[parts[s]:parts[s + 1]])]
+    empty = [s for s in range(stages) if not any(is_block[parts[s] : parts[s + 1]])]
     if empty:
-        names = [[getattr(spec, "typename", type(spec)).__name__ for spec in specs[parts[s]:parts[s + 1]]]
-                 for s in range(stages)]
-        raise ValueError(f"partitioning {len(specs)} layers into {stages} stages by {method} leaves stage(s) {empty} "
-                         f"without a {block.__name__} ({names}); "
-                         f"use parallel.pipeline_partition=blocks or fewer stages")
+        names = [
+            [getattr(spec, "typename", type(spec)).__name__ for spec in specs[parts[s] : parts[s + 1]]]
+            for s in range(stages)
+        ]
+        raise ValueError(
+            f"partitioning {len(specs)} layers into {stages} stages by {method} leaves stage(s) {empty} "
+            f"without a {block.__name__} ({names}); "
+            f"use parallel.pipeline_partition=blocks or fewer stages"
+        )
     return parts
 
 
@@ -64,9 +69,21 @@ def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, 
         init_stage(pipe, rename, std=std(model.cfg), seed=local_seed)
 
 
-def build_pipeline(model: nn.Module, specs: list, *, block: type, rename, std, stages: int, loss_fn,
-                   topology=None, partition: str = "blocks", checkpoint_interval: int = 0,
-                   local_seed: int | None = None, checkpointable: str | None = None):
+def build_pipeline(
+    model: nn.Module,
+    specs: list,
+    *,
+    block: type,
+    rename,
+    std,
+    stages: int,
+    loss_fn,
+    topology=None,
+    partition: str = "blocks",
+    checkpoint_interval: int = 0,
+    local_seed: int | None = None,
+    checkpointable: str | None = None,
+):
     """A family's layer ``specs`` cut into ``stages`` (``block``: its transformer block class, what
     the stages balance), weights from ``model`` (``rename``: a stage's state-dict key -> the model's
     name; ``std``: model config -> the per-parameter std of a ``local_seed`` draw).
@@ -75,10 +92,15 @@ def build_pipeline(model: nn.Module, specs: list, *, block: type, rename, std, s
     from deepspeed.pipe import PipelineModule
 
     check_partition(specs, stages, partition, block)
-    pipe = PipelineModule(specs, num_stages=None if topology is not None else stages, topology=topology,
-                          loss_fn=loss_fn, partition_method=PARTITIONS[partition].format(block=block.__name__),
-                          activation_checkpoint_interval=checkpoint_interval,
-                          checkpointable_layers=[checkpointable or block.__name__])
+    pipe = PipelineModule(
+        specs,
+        num_stages=None if topology is not None else stages,
+        topology=topology,
+        loss_fn=loss_fn,
+        partition_method=PARTITIONS[partition].format(block=block.__name__),
+        activation_checkpoint_interval=checkpoint_interval,
+        checkpointable_layers=[checkpointable or block.__name__],
+    )
     _fill(model, pipe, rename, local_seed, std=std)
     mark_for_grad_norm(pipe)
     return pipe
@@ -99,7 +121,7 @@ def unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | Non
     """The unpipelined model's name for a PipelineModule state-dict key: the tied embedding, the
     blocks (layers 1..n_layer), and ``after[k]`` as the prefix of layer ``n_layer + k``."""
     if key.startswith(f"tied_modules.{TIED}."):
-        return "embed." + key[len(f"tied_modules.{TIED}."):]
+        return "embed." + key[len(f"tied_modules.{TIED}.") :]
     idx, _, rest = key.partition(".")
     if not idx.isdigit():
         return None

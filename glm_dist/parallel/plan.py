@@ -34,6 +34,7 @@ one chunk of fp32 logits (``ops/cross_entropy.py``'s chunk size), plus -- when t
 feeds the fused loss (one stage) -- the output matrix's gradient, or -- otherwise -- the whole
 16-bit logits and their gradient. The pipeline bubble of 1F1B is ``(p - 1) / (m + p - 1)``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -84,12 +85,22 @@ def model_shape(spec, model_cfg) -> ModelShape:
     tensor_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in heads) for u in _units(model))
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     ffn = getattr(model_cfg, "d_ff", None) or 4 * model_cfg.d_model
-    return ModelShape(params, units, largest, model_cfg.n_layer * spec.stacks,  # encoder-decoders count both
-                      model_cfg.n_head, model_cfg.d_model, ffn, model_cfg.vocab_size,
-                      max_pp=0 if spec.pipeline else 1, max_tp=0 if spec.tensor_parallel else 1,
-                      fused_loss=getattr(model, "fused_loss", False), vocab_units=vocab_units,
-                      tensor_units=tensor_units if spec.tensor_parallel else (),
-                      sequence_parallel=spec.sequence_parallel)
+    return ModelShape(
+        params,
+        units,
+        largest,
+        model_cfg.n_layer * spec.stacks,  # encoder-decoders count both
+        model_cfg.n_head,
+        model_cfg.d_model,
+        ffn,
+        model_cfg.vocab_size,
+        max_pp=0 if spec.pipeline else 1,
+        max_tp=0 if spec.tensor_parallel else 1,
+        fused_loss=getattr(model, "fused_loss", False),
+        vocab_units=vocab_units,
+        tensor_units=tensor_units if spec.tensor_parallel else (),
+        sequence_parallel=spec.sequence_parallel,
+    )
 
 
 def _units(model: nn.Module) -> list[nn.Module]:
@@ -133,7 +144,7 @@ def stage_params_by_layers(units: list[int], stages: int, tp: int = 1, vocab_uni
     split = tensor_units[1:-1] if tensor_units else units[1:-1]
     inner = [u - t + t / tp for u, t in zip(units[1:-1], split)]
     bounds = [round(len(inner) * i / stages) for i in range(stages + 1)]
-    out = [sum(inner[bounds[i]:bounds[i + 1]]) for i in range(stages)]
+    out = [sum(inner[bounds[i] : bounds[i + 1]]) for i in range(stages)]
     ends = [u - v + v / tp for u, v in zip(units, vocab_units)] if vocab_units else units
     out[0] += ends[0]
     out[-1] += ends[-1] if len(units) > 1 else 0
@@ -183,8 +194,9 @@ class Layout:
         return max(self.backward + (self.activations_ckpt if checkpointing else self.activations), self.step)
 
 
-def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, offload: str,
-                      precision: str = "bf16") -> tuple[float, float, float, float]:
+def model_state_bytes(
+    params: float, largest_layer: float, dp: int, zero: int, offload: str, precision: str = "bf16"
+) -> tuple[float, float, float, float]:
     """(weights, grads, optimizer states, CPU) bytes per GPU for ``params`` parameters on a rank.
 
     bf16 (DeepSpeed's 18 bytes beside the 16-bit weights): grads 2 (16-bit) + 4 (fp32), optimizer
@@ -200,8 +212,11 @@ def model_state_bytes(params: float, largest_layer: float, dp: int, zero: int, o
     elif zero == 2:
         w, g, o = w16 * params, (g16 + g32) * params / dp, states * params / dp
     else:  # the partition of the 16-bit weights plus the largest layer gathered (weights + grads)
-        w, g, o = (w16 * params / dp + 4 * largest_layer, g32 * params / dp if g32 else g16 * params / dp,
-                   states * params / dp)
+        w, g, o = (
+            w16 * params / dp + 4 * largest_layer,
+            g32 * params / dp if g32 else g16 * params / dp,
+            states * params / dp,
+        )
     cpu = 0.0
     if offload != "none":
         cpu, g, o = g + o, (g16 * params if zero == 1 else 0.0), 0.0  # gradients stream to the CPU partition
@@ -224,8 +239,9 @@ def bf16_optimizer_bytes(params: float, dp: int) -> tuple[float, float, float, f
     return 2 * params, (2 + 4) * params, 12 * params / dp, 0.0
 
 
-def phase_bytes(params: float, largest_layer: float, dp: int, zero: int, offload: str, precision: str = "bf16",
-                *, d_model: int) -> tuple[float, float]:
+def phase_bytes(
+    params: float, largest_layer: float, dp: int, zero: int, offload: str, precision: str = "bf16", *, d_model: int
+) -> tuple[float, float]:
     """(backward, step): bytes per GPU of model states and DeepSpeed's buffers for ``params``
     parameters on a rank (besides activations) while the backward runs -- the gradients it has made,
     the reduce buckets, a gradient larger than a bucket reduced on its own (the largest layer's) --
@@ -237,8 +253,9 @@ def phase_bytes(params: float, largest_layer: float, dp: int, zero: int, offload
     w, g, o, _ = model_state_bytes(params, largest_layer, dp, zero, offload, precision)
     partition = params / dp
     if zero == 3:
-        return zero3_phase_bytes(partition, largest_layer, dp, o, offload, e=e, bucket=bucket,
-                                 near=sizes["stage3_prefetch_bucket_size"])
+        return zero3_phase_bytes(
+            partition, largest_layer, dp, o, offload, e=e, bucket=bucket, near=sizes["stage3_prefetch_bucket_size"]
+        )
     buckets = (2 if zero == 2 else 1) * bucket  # ZeRO-2 overlaps: two buckets
     if offload != "none":  # gradients stream to the CPU step through the buckets and a largest-tensor buffer
         return w + g + buckets + 2 * e * largest_layer, w + g
@@ -252,8 +269,9 @@ def phase_bytes(params: float, largest_layer: float, dp: int, zero: int, offload
     return held + buckets + e * largest_layer, held + e * partition + to_fp32
 
 
-def zero3_phase_bytes(partition: float, largest_layer: float, dp: int, optimizer: float, offload: str, *,
-                      e: int, bucket: float, near: int) -> tuple[float, float]:
+def zero3_phase_bytes(
+    partition: float, largest_layer: float, dp: int, optimizer: float, offload: str, *, e: int, bucket: float, near: int
+) -> tuple[float, float]:
     """ZeRO-3's (backward, step): the weight partition (on the CPU with ``offload_params``), the
     gradient partition (on the CPU with the optimizer), one bucket and the optimizer states, kept from
     the start; in the backward also the largest layer and the parameters prefetched and kept for reuse,
@@ -267,17 +285,28 @@ def zero3_phase_bytes(partition: float, largest_layer: float, dp: int, optimizer
     return held + gathered, held + flat
 
 
-def layer_activations(seq_len: int, micro_batch: int, d_model: int, tp: int = 1, *,
-                      sequence_parallel: bool = False) -> float:
+def layer_activations(
+    seq_len: int, micro_batch: int, d_model: int, tp: int = 1, *, sequence_parallel: bool = False
+) -> float:
     """16-bit bytes one transformer layer keeps for backward per rank (Korthikanti et al. 2022, fused
     attention): ``s b h (10 + 24/tp)`` -- the LayerNorm, dropout and residual regions (10) whole on
     every tensor rank -- or ``34 s b h / tp`` with them cut along the sequence."""
     return seq_len * micro_batch * d_model * (34 / tp if sequence_parallel else 10 + 24 / tp)
 
 
-def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, micro_batch: int,
-         global_batch: int, precision: str = "bf16", loss_chunk: int = CHUNK_TOKENS, vocab_parallel: bool = True,
-         sequence_parallel: bool = False) -> list[Layout]:
+def plan(
+    shape: ModelShape,
+    *,
+    gpus: int,
+    gpus_per_node: int = 8,
+    seq_len: int,
+    micro_batch: int,
+    global_batch: int,
+    precision: str = "bf16",
+    loss_chunk: int = CHUNK_TOKENS,
+    vocab_parallel: bool = True,
+    sequence_parallel: bool = False,
+) -> list[Layout]:
     """Every layout of ``gpus`` GPUs the model can be split into that keeps the global batch
     (``global_batch`` sequences per step; ``global / (micro x DP)`` micro-batches per replica),
     with its memory per GPU; the loss's logits are counted for ``loss_chunk`` tokens at a time.
@@ -302,20 +331,44 @@ def plan(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8, seq_len: int, 
         in_flight = min(pp, micro_batches) if pp > 1 else 1
         sp = sequence_parallel and shape.sequence_parallel and tp > 1 and pp == 1
         per_layer = layer_activations(s, b, h, tp, sequence_parallel=sp)
-        logits = loss_logits_bytes(s * b, columns, d_model=h, fused=shape.fused_loss and pp == 1,
-                                   logit_bytes=4 if precision == "fp32" else 2, chunk_tokens=loss_chunk)
+        logits = loss_logits_bytes(
+            s * b,
+            columns,
+            d_model=h,
+            fused=shape.fused_loss and pp == 1,
+            logit_bytes=4 if precision == "fp32" else 2,
+            chunk_tokens=loss_chunk,
+        )
         act = per_layer * layers_per_stage * in_flight + logits
         act_ckpt = 2 * s * b * h / (tp if sp else 1) * layers_per_stage * in_flight + per_layer + logits
         bubble = (pp - 1) / (micro_batches + pp - 1) if pp > 1 else 0.0
-        for zero in ((0, 1) if pp > 1 else (0, 1, 2, 3)):
+        for zero in (0, 1) if pp > 1 else (0, 1, 2, 3):
             for offload in ("none", "optimizer", "optimizer+params"):
                 if (offload != "none" and zero == 0) or (offload == "optimizer+params" and zero != 3):
                     continue
                 w, g, o, cpu = model_state_bytes(rank_params, largest, dp, zero, offload, precision)
                 backward, step = phase_bytes(rank_params, largest, dp, zero, offload, precision, d_model=shape.d_model)
-                layouts.append(Layout(dp, pp, tp, zero, offload, w, g, o, act, act_ckpt, cpu, bubble, micro_batches, sp,
-                                      backward=backward, step=step,
-                                      saves_nothing=zero >= 2 and dp == 1 and offload == "none"))
+                layouts.append(
+                    Layout(
+                        dp,
+                        pp,
+                        tp,
+                        zero,
+                        offload,
+                        w,
+                        g,
+                        o,
+                        act,
+                        act_ckpt,
+                        cpu,
+                        bubble,
+                        micro_batches,
+                        sp,
+                        backward=backward,
+                        step=step,
+                        saves_nothing=zero >= 2 and dp == 1 and offload == "none",
+                    )
+                )
     return layouts
 
 
@@ -333,8 +386,9 @@ def efficiency(lay: Layout, checkpointing: bool) -> float:
     return eff
 
 
-def recommend(layouts: list[Layout], gpu_mem_gb: float, *, checkpointing: bool | None = None,
-              headroom: float = 0.9) -> tuple[Layout | None, bool]:
+def recommend(
+    layouts: list[Layout], gpu_mem_gb: float, *, checkpointing: bool | None = None, headroom: float = 0.9
+) -> tuple[Layout | None, bool]:
     """The layout to use: among those that fit in ``headroom`` of the GPU memory (with or without
     activation checkpointing, unless fixed) and partition something, the highest :func:`efficiency`;
     ties go to less model parallelism and the lower ZeRO stage."""
@@ -346,36 +400,55 @@ def recommend(layouts: list[Layout], gpu_mem_gb: float, *, checkpointing: bool |
     return max(fits, key=lambda lc: (round(efficiency(*lc), 6), -lc[0].tp * lc[0].pp, -lc[0].zero, not lc[1]))
 
 
-def format_plan(name: str, shape: ModelShape, layouts: list[Layout], best: Layout | None, ckpt: bool,
-                gpus: int, gpu_mem_gb: float, global_batch: int, show: int = 20) -> str:
+def format_plan(
+    name: str,
+    shape: ModelShape,
+    layouts: list[Layout],
+    best: Layout | None,
+    ckpt: bool,
+    gpus: int,
+    gpu_mem_gb: float,
+    global_batch: int,
+    show: int = 20,
+) -> str:
     gb = lambda x: f"{x / GB:.1f}"  # noqa: E731
-    lines = [f"{name}: {shape.params / 1e9:.3f}B parameters, {shape.n_layer} layers, d_model {shape.d_model}, "
-             f"{shape.n_head} heads; {gpus} GPUs x {gpu_mem_gb:g} GB; {global_batch} sequences per step", "",
-             "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | backward / step "
-             "| activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
-             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{name}: {shape.params / 1e9:.3f}B parameters, {shape.n_layer} layers, d_model {shape.d_model}, "
+        f"{shape.n_head} heads; {gpus} GPUs x {gpu_mem_gb:g} GB; {global_batch} sequences per step",
+        "",
+        "| DP | PP | TP | ZeRO | offload | micro-batches | weights | grads | optim | backward / step "
+        "| activations (ckpt) | total (ckpt) | CPU/GPU | bubble |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     budget = gpu_mem_gb * GB * 0.9
-    ranked = sorted(layouts, key=lambda lay: (lay.total(True) > budget, lay.saves_nothing, lay.tp * lay.pp, lay.zero,
-                                                 lay.offload))
+    ranked = sorted(
+        layouts, key=lambda lay: (lay.total(True) > budget, lay.saves_nothing, lay.tp * lay.pp, lay.zero, lay.offload)
+    )
     for lay in ranked[:show]:
         mark = " **<- recommended**" if lay is best else " (saves nothing at DP=1)" if lay.saves_nothing else ""
-        lines.append(f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {lay.micro_batches} | "
-                     f"{gb(lay.weights)} | {gb(lay.grads)} | {gb(lay.optimizer)} | "
-                     f"{gb(lay.backward)} / {gb(lay.step)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
-                     f"{gb(lay.total(False))} ({gb(lay.total(True))}) | {gb(lay.cpu)} | {lay.bubble:.1%} |{mark}")
+        lines.append(
+            f"| {lay.dp} | {lay.pp} | {lay.tp} | {lay.zero} | {lay.offload} | {lay.micro_batches} | "
+            f"{gb(lay.weights)} | {gb(lay.grads)} | {gb(lay.optimizer)} | "
+            f"{gb(lay.backward)} / {gb(lay.step)} | {gb(lay.activations)} ({gb(lay.activations_ckpt)}) | "
+            f"{gb(lay.total(False))} ({gb(lay.total(True))}) | {gb(lay.cpu)} | {lay.bubble:.1%} |{mark}"
+        )
     lines.append("")
     if best is None:
-        lines.append(f"no layout fits in {gpu_mem_gb:g} GB per GPU (90% usable): add GPUs, "
-                     f"or lower the micro batch / sequence length")
+        lines.append(
+            f"no layout fits in {gpu_mem_gb:g} GB per GPU (90% usable): add GPUs, "
+            f"or lower the micro batch / sequence length"
+        )
     else:
-        lines.append(f"recommended: DP={best.dp} x PP={best.pp} x TP={best.tp}, ZeRO-{best.zero}, "
-                     f"offload {best.offload}"
-                     f"{', activation checkpointing' if ckpt else ''}: {gb(best.total(ckpt))} GB per GPU, "
-                     f"pipeline bubble {best.bubble:.1%}; config: parallel.zero_stage={best.zero} "
-                     f"train.grad_accum_steps={best.micro_batches} "
-                     f"parallel.pipeline_stages={best.pp} parallel.tensor_parallel={best.tp}"
-                     + (" parallel.sequence_parallel=true" if best.sequence_parallel else "")
-                     + (" parallel.offload_optimizer=true" if best.offload != "none" else "")
-                     + (" parallel.offload_params=true" if best.offload == "optimizer+params" else "")
-                     + (" train.activation_checkpointing=true" if ckpt else ""))
+        lines.append(
+            f"recommended: DP={best.dp} x PP={best.pp} x TP={best.tp}, ZeRO-{best.zero}, "
+            f"offload {best.offload}"
+            f"{', activation checkpointing' if ckpt else ''}: {gb(best.total(ckpt))} GB per GPU, "
+            f"pipeline bubble {best.bubble:.1%}; config: parallel.zero_stage={best.zero} "
+            f"train.grad_accum_steps={best.micro_batches} "
+            f"parallel.pipeline_stages={best.pp} parallel.tensor_parallel={best.tp}"
+            + (" parallel.sequence_parallel=true" if best.sequence_parallel else "")
+            + (" parallel.offload_optimizer=true" if best.offload != "none" else "")
+            + (" parallel.offload_params=true" if best.offload == "optimizer+params" else "")
+            + (" train.activation_checkpointing=true" if ckpt else "")
+        )
     return "\n".join(lines)

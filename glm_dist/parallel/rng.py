@@ -26,6 +26,7 @@ seed, the tensor rank and the position in the run: a run reproduces itself; acti
 checkpointing, which replays the default generators' state when it recomputes a block, replays the
 same masks; a checkpoint's saved RNG states resume it.
 """
+
 from __future__ import annotations
 
 import contextlib

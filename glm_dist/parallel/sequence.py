@@ -19,6 +19,7 @@ only this rank's positions, so their gradients are all-reduced over the tensor g
 made. Dropout there draws from each rank's own stream (``parallel/rng.py``): its positions are its
 own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,10 @@ def _own(x: torch.Tensor, group) -> torch.Tensor:
     """This rank's piece of ``x`` along the sequence."""
     size = comm.group_size(group)
     if x.shape[DIM] % size:
-        raise ValueError(f"sequence parallelism cuts {x.shape[DIM]} positions into {size} equal pieces: not divisible; "
-                         f"use a sequence length that is a multiple of the tensor-parallel size")
+        raise ValueError(
+            f"sequence parallelism cuts {x.shape[DIM]} positions into {size} equal pieces: not divisible; "
+            f"use a sequence length that is a multiple of the tensor-parallel size"
+        )
     return x.chunk(size, dim=DIM)[comm.group_rank(group)].contiguous()
 
 

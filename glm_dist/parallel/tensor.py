@@ -30,6 +30,7 @@ projection has its gradient all-reduced, as a column-parallel linear's.
 Dropout inside a rank's own region (its heads' attention probabilities) draws from the rank's own
 stream (``parallel/rng.py``); ``parallel/sequence.py`` adds sequence parallelism on top.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -44,8 +45,12 @@ from glm_dist.models.common import ShardPlan, VocabPlan
 from glm_dist.ops.cross_entropy import VocabSplit
 from glm_dist.parallel import comm
 from glm_dist.parallel.rng import ForkedDropout, TensorRankRNG
-from glm_dist.parallel.sequence import (GatherToReplicated, ReduceScatterToSequence, ScatterToSequence,
-                                        SequenceColumnLinear)
+from glm_dist.parallel.sequence import (
+    GatherToReplicated,
+    ReduceScatterToSequence,
+    ScatterToSequence,
+    SequenceColumnLinear,
+)
 from glm_dist.parallel.topology import Topology
 
 
@@ -122,8 +127,9 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         start, end = split_bounds(full.num_embeddings, rank, size)
         if end <= start:
-            raise ValueError(f"a vocabulary of {full.num_embeddings} tokens leaves tensor rank {rank} of {size} "
-                             f"no rows")
+            raise ValueError(
+                f"a vocabulary of {full.num_embeddings} tokens leaves tensor rank {rank} of {size} no rows"
+            )
         self.group, self.split = group, VocabSplit(group, start, end, full.num_embeddings, comm.all_reduce_)
         self.num_embeddings, self.embedding_dim = full.num_embeddings, full.embedding_dim
         pad = full.padding_idx
@@ -183,8 +189,7 @@ def _vocab_plan_of(module: nn.Module, plans: dict[type, VocabPlan]) -> VocabPlan
     return _plan_of(module, plans) or getattr(module, "VOCAB_PLAN", None)
 
 
-def shard_vocab(model: nn.Module, rank: int, size: int, group, *,
-                plans: dict[type, VocabPlan]) -> VocabSplit | None:
+def shard_vocab(model: nn.Module, rank: int, size: int, group, *, plans: dict[type, VocabPlan]) -> VocabSplit | None:
     """Replace, in place, the token embedding by this rank's rows and its tied output projections
     by this rank's columns (``plans``: the family's ``vocab_plans``); returns the split (None: this
     stage holds no vocabulary)."""
@@ -203,8 +208,10 @@ def shard_vocab(model: nn.Module, rank: int, size: int, group, *,
         for path in plan.outputs if plan else ():
             full = _get(module, path)
             if id(full.weight) not in embeddings:
-                raise ValueError(f"{type(module).__name__}.{path} is not tied to a token embedding: the vocabulary "
-                                 f"split shards tied output projections only")
+                raise ValueError(
+                    f"{type(module).__name__}.{path} is not tied to a token embedding: the vocabulary "
+                    f"split shards tied output projections only"
+                )
             _set(module, path, VocabParallelOutput(embeddings[id(full.weight)], full.bias))
         for path in plan.biases if plan else ():
             full = getattr(module, path)
@@ -290,8 +297,16 @@ def _set(module: nn.Module, path: str, value: nn.Module) -> None:
         setattr(module, name, value)
 
 
-def shard_model(model: nn.Module, rank: int, size: int, group, *, plans: dict[type, ShardPlan],
-                vocab_plans: dict[type, VocabPlan] | None = None, sequence: bool = False) -> int:
+def shard_model(
+    model: nn.Module,
+    rank: int,
+    size: int,
+    group,
+    *,
+    plans: dict[type, ShardPlan],
+    vocab_plans: dict[type, VocabPlan] | None = None,
+    sequence: bool = False,
+) -> int:
     """Replace, in place, every linear ``plans`` (the family's ``tensor_plans``) names by this rank's
     column or row slice; returns how many modules were sharded. A module shared by several blocks
     (ALBERT) is sharded once. ``vocab_plans`` (the family's; None: the vocabulary stays whole):
@@ -312,23 +327,29 @@ def shard_model(model: nn.Module, rank: int, size: int, group, *, plans: dict[ty
                 continue
             parts = (plan.fused or {}).get(path, 1)
             if full.out_features % (parts * size):
-                raise ValueError(f"{type(module).__name__}.{path}: {full.out_features} outputs do not split "
-                                 f"into {parts} x {size} tensor-parallel slices")
+                raise ValueError(
+                    f"{type(module).__name__}.{path}: {full.out_features} outputs do not split "
+                    f"into {parts} x {size} tensor-parallel slices"
+                )
             _set(module, path, ColumnParallelLinear(full, _slice(full.out_features, rank, size, parts), group, parts))
         for path in plan.row:
             full = _get(module, path, path in plan.optional)
             if full is None or isinstance(full, RowParallelLinear):
                 continue
             if full.in_features % size:
-                raise ValueError(f"{type(module).__name__}.{path}: {full.in_features} inputs do not split "
-                                 f"into {size} tensor-parallel slices")
+                raise ValueError(
+                    f"{type(module).__name__}.{path}: {full.in_features} inputs do not split "
+                    f"into {size} tensor-parallel slices"
+                )
             _set(module, path, RowParallelLinear(full, _slice(full.in_features, rank, size), group))
         for path in plan.head_tables:
             full = _get(module, path, path in plan.optional)
             if full is not None and not hasattr(full.weight, "tensor_parallel"):
                 if full.embedding_dim % size:
-                    raise ValueError(f"{type(module).__name__}.{path}: {full.embedding_dim} heads do not split "
-                                     f"into {size} tensor-parallel slices")
+                    raise ValueError(
+                        f"{type(module).__name__}.{path}: {full.embedding_dim} heads do not split "
+                        f"into {size} tensor-parallel slices"
+                    )
                 _set(module, path, _head_table(full, _slice(full.embedding_dim, rank, size)))
         if plan.heads:
             setattr(module, plan.heads, getattr(module, plan.heads) // size)
@@ -441,4 +462,3 @@ def apply_sequence_parallel(model: nn.Module, group, rng: TensorRankRNG) -> None
                 seen.add(id(p))
                 p.sequence_parallel = True
                 p.register_hook(lambda grad: comm.all_reduce_(grad.clone(), group=group))
-

@@ -6,6 +6,7 @@ Rank order is DeepSpeed's ``PipeModelDataParallelTopology`` (and Megatron's): te
 adjacent (they talk every layer, so they share a node), then data-parallel replicas, and pipeline
 stages outermost.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,11 @@ class Topology(Layout):
     def coords(self, rank: int) -> dict[str, int]:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
-        return {"tensor": rank % self.tensor, "data": (rank // self.tensor) % self.data,
-                "pipeline": rank // (self.tensor * self.data)}
+        return {
+            "tensor": rank % self.tensor,
+            "data": (rank // self.tensor) % self.data,
+            "pipeline": rank // (self.tensor * self.data),
+        }
 
     def rank(self, data: int, pipeline: int, tensor: int) -> int:
         return (pipeline * self.data + data) * self.tensor + tensor

@@ -35,6 +35,7 @@ those aside -- only with ``train.resume_overwrite=true``, else the run is refuse
 auto-resume never jumps to a stale future. A checkpoint of another model family or architecture is
 refused. Loading never writes into a checkpoint, and each rank reads only the slices it needs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,17 @@ import torch
 from glm_common.storage import Storage
 from glm_dist.checkpoint.consolidate import saved_model
 from glm_dist.checkpoint.errors import checkpoint_storage
-from glm_dist.checkpoint.files import (FORMAT, MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, CheckpointError, parse_json,
-                                       read_meta, rng_state, set_rng_state, verify)
+from glm_dist.checkpoint.files import (
+    FORMAT,
+    MAX_JSON_BYTES,
+    MAX_TOKENIZER_BYTES,
+    CheckpointError,
+    parse_json,
+    read_meta,
+    rng_state,
+    set_rng_state,
+    verify,
+)
 from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file
 from glm_dist.checkpoint.writer import DONE, AsyncSave, RankFiles, failure, hash_file
 from glm_dist.parallel import comm, fragments
@@ -104,14 +114,19 @@ class CheckpointManager:
         named = self.latest()
         return ([named] if named in done else []) + [p for p in done if p != named]
 
-    def resolve(self, resume: str, *, overwrite: bool = False, family: str | None = None,
-                model_config: Any = None) -> Storage | None:
+    def resolve(
+        self, resume: str, *, overwrite: bool = False, family: str | None = None, model_config: Any = None
+    ) -> Storage | None:
         """``train.resume`` -> the verified checkpoint to load, or None (all ranks call this). With
         ``family`` and ``model_config`` (this run's model), a checkpoint of another model is refused."""
         unfinished = [n for n in self.storage.listdir() if n.startswith(".tmp-step_")]
         if unfinished and self.dist.is_main:
-            log.warning("%s holds unfinished saves (a crashed run's, or another process's in progress), never resumed "
-                        "from: %s; delete them once no run writes there", self.root, ", ".join(unfinished[:5]))
+            log.warning(
+                "%s holds unfinished saves (a crashed run's, or another process's in progress), never resumed "
+                "from: %s; delete them once no run writes there",
+                self.root,
+                ", ".join(unfinished[:5]),
+            )
         if resume == "none":
             self._refuse_other_runs()
             return None
@@ -121,8 +136,10 @@ class CheckpointManager:
         else:
             path = checkpoint_storage(resume)
             if not path.isdir():
-                raise CheckpointError(f"train.resume={resume}: {path} is not a directory; pass a checkpoint "
-                                      f"directory (…/checkpoints/step_N), 'auto' or 'none'")
+                raise CheckpointError(
+                    f"train.resume={resume}: {path} is not a directory; pass a checkpoint "
+                    f"directory (…/checkpoints/step_N), 'auto' or 'none'"
+                )
             reason = self._verify(path)
             if reason:
                 raise CheckpointError(reason)
@@ -141,10 +158,12 @@ class CheckpointManager:
         with theirs (the same step names, ``latest`` moving between lineages)."""
         done = self.complete()
         if done:
-            raise CheckpointError(f"train.resume=none, but {self.root} holds checkpoints of an earlier run "
-                                  f"({', '.join(p.name for p in done[:3])}{', ...' if len(done) > 3 else ''}): use "
-                                  f"another train.out_dir (or train.checkpoint_dir), or train.resume=auto to continue "
-                                  f"it")
+            raise CheckpointError(
+                f"train.resume=none, but {self.root} holds checkpoints of an earlier run "
+                f"({', '.join(p.name for p in done[:3])}{', ...' if len(done) > 3 else ''}): use "
+                f"another train.out_dir (or train.checkpoint_dir), or train.resume=auto to continue "
+                f"it"
+            )
 
     def _verify(self, path: Storage) -> str | None:
         """Why ``path`` fails verification (agreed by every rank; each hashes its share), or None."""
@@ -168,8 +187,10 @@ class CheckpointManager:
             if self.dist.is_main:
                 log.warning("train.resume=auto: skipping %s: %s", path.name, reason)
         if skipped:
-            raise CheckpointError(f"train.resume=auto: none of the {len(skipped)} checkpoints under {self.root} "
-                                  f"verifies; the newest: {reasons[0]}")
+            raise CheckpointError(
+                f"train.resume=auto: none of the {len(skipped)} checkpoints under {self.root} "
+                f"verifies; the newest: {reasons[0]}"
+            )
         return None, []
 
     def _keep_lineage(self, path: Storage, *, ignore: list[Storage], overwrite: bool) -> None:
@@ -179,9 +200,11 @@ class CheckpointManager:
             return
         names = ", ".join(p.name for p in reversed(newer))
         if not overwrite:
-            raise CheckpointError(f"resuming from {path} while {self.root} holds newer checkpoints ({names}): a later "
-                                  f"train.resume=auto would continue the old run; set train.resume_overwrite=true to "
-                                  f"move them to {self.root}/{ASIDE}, or use another train.out_dir")
+            raise CheckpointError(
+                f"resuming from {path} while {self.root} holds newer checkpoints ({names}): a later "
+                f"train.resume=auto would continue the old run; set train.resume_overwrite=true to "
+                f"move them to {self.root}/{ASIDE}, or use another train.out_dir"
+            )
         where = self._move_aside(newer, "rolled-back")
         if self.dist.is_main:
             log.warning("resuming from %s: moved the newer checkpoints %s to %s/%s", path.name, names, self.root, where)
@@ -220,16 +243,31 @@ class CheckpointManager:
             lineage.append(path)
         newest = lineage[:1]
         lineage.sort(key=step_of, reverse=True)
-        doomed = [p for p in lineage[self.keep_last:] if p not in newest and p != named
-                  and not (self.keep_every and step_of(p) % self.keep_every == 0)]
+        doomed = [
+            p
+            for p in lineage[self.keep_last :]
+            if p not in newest and p != named and not (self.keep_every and step_of(p) % self.keep_every == 0)
+        ]
         for path in doomed:
             self.storage.remove(path.name)
         return doomed
 
     # -- saving ----------------------------------------------------------------------------------
-    def save(self, engine, step: int, *, naming: fragments.Naming, coords: dict, sizes: dict, client_state: dict,
-             meta: dict, extra: RankFiles | None = None, tokenizer: str | None = None,
-             deepspeed_files: bool = False, wait: bool = False) -> Storage:
+    def save(
+        self,
+        engine,
+        step: int,
+        *,
+        naming: fragments.Naming,
+        coords: dict,
+        sizes: dict,
+        client_state: dict,
+        meta: dict,
+        extra: RankFiles | None = None,
+        tokenizer: str | None = None,
+        deepspeed_files: bool = False,
+        wait: bool = False,
+    ) -> Storage:
         """Start checkpoint ``step`` (all ranks call this): wait for the previous one, copy this
         rank's shards to host memory and hand them to a background writer; returns the final
         location. ``wait``: also wait until it is committed (end of run, stop signal). A failure on
@@ -254,18 +292,30 @@ class CheckpointManager:
             self._capture(files, fragments.pieces(engine, naming, coords, sizes), engine.device, buffers)
             files.blobs[f"rng/rank{self.dist.rank:05d}.json"] = json.dumps(rng_state(engine.device)).encode()
             if self.dist.is_main:
-                run = {**client_state, "optimizer": fragments.optimizer_step(engine),
-                       "engine": {k: getattr(engine, k) for k in ENGINE_COUNTERS if hasattr(engine, k)}}
+                run = {
+                    **client_state,
+                    "optimizer": fragments.optimizer_step(engine),
+                    "engine": {k: getattr(engine, k) for k in ENGINE_COUNTERS if hasattr(engine, k)},
+                }
                 files.blobs["client_state.json"] = json.dumps(run).encode()
                 if tokenizer is not None:
                     files.blobs["tokenizer.json"] = _read_small(tokenizer)
 
         self._agreed(capture, f"writing checkpoint {name}", staging)
         self._refuse_non_finite(files, name, staging)
-        commit = (lambda entries: self._commit(staging, name, step, meta, entries, deepspeed_files)) \
-            if self.dist.is_main else None
-        self.pending = AsyncSave(staging, files, world=self.dist.world_size, what=f"writing checkpoint {name}",
-                                 root=self.storage, commit=commit)
+        commit = (
+            (lambda entries: self._commit(staging, name, step, meta, entries, deepspeed_files))
+            if self.dist.is_main
+            else None
+        )
+        self.pending = AsyncSave(
+            staging,
+            files,
+            world=self.dist.world_size,
+            what=f"writing checkpoint {name}",
+            root=self.storage,
+            commit=commit,
+        )
         self.last_save = {"step": step, "blocking_s": time.perf_counter() - t0, "bytes": files.nbytes()}
         if wait:
             self.wait()
@@ -275,9 +325,13 @@ class CheckpointManager:
         """Where this run writes save ``name`` before it is committed: locally ``.tmp-<name>.<run>``,
         a name no other process uses. A committed ``name`` already there is refused, on every rank."""
         taken = self.dist.is_main and self.storage.exists(f"{name}/meta.json")
-        error = comm.first_error(f"checkpoint {self.root}/{name} already exists (another run writing into this "
-                                 f"folder, or a copy put there) and is never replaced; give each run its own "
-                                 f"train.out_dir" if taken else None)
+        error = comm.first_error(
+            f"checkpoint {self.root}/{name} already exists (another run writing into this "
+            f"folder, or a copy put there) and is never replaced; give each run its own "
+            f"train.out_dir"
+            if taken
+            else None
+        )
         if error is not None:
             raise CheckpointError(error)
         if not self._run:  # one name on every rank, unique to this run
@@ -299,8 +353,11 @@ class CheckpointManager:
             bad = f"{key.rsplit('@', 1)[0]} on rank {self.dist.rank}"
         bad = comm.first_error(bad)
         if bad is not None:
-            self._fail(f"checkpoint {name} not saved: the weights are not finite (NaN or Inf in {bad}), training "
-                       f"diverged", staging, fix="resume from it with a lower train.lr or a train.grad_clip")
+            self._fail(
+                f"checkpoint {name} not saved: the weights are not finite (NaN or Inf in {bad}), training diverged",
+                staging,
+                fix="resume from it with a lower train.lr or a train.grad_clip",
+            )
 
     def _capture(self, files: RankFiles, pieces: list, device: torch.device, buffers: list = ()) -> None:
         """Copy the slices this rank writes to host memory (pinned under CUDA, reused between saves),
@@ -318,10 +375,11 @@ class CheckpointManager:
             for piece in group:
                 lo, hi = piece.write
                 if hi > lo:
-                    host[offset:offset + hi - lo].copy_(piece.view(kind)[lo - piece.start:hi - piece.start],
-                                                        non_blocking=True)
+                    host[offset : offset + hi - lo].copy_(
+                        piece.view(kind)[lo - piece.start : hi - piece.start], non_blocking=True
+                    )
                     shard = Shard(piece.name, kind, piece.shape, piece.tp, lo, hi - lo)
-                    tensors.append((f"{piece.name}@{lo}", host[offset:offset + hi - lo]))
+                    tensors.append((f"{piece.name}@{lo}", host[offset : offset + hi - lo]))
                     shards.append(shard.to_json(tensors[-1][0]))
                     offset += hi - lo
             files.tensors[data_file(self.dist.rank, kind)] = tensors
@@ -338,8 +396,9 @@ class CheckpointManager:
             shards.append(Shard(name, "buffer", tuple(value.shape), None, 0, value.numel()).to_json(key))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        files.blobs[index_file(self.dist.rank)] = json.dumps({"format": FORMAT, "rank": self.dist.rank,
-                                                               "shards": shards}).encode()
+        files.blobs[index_file(self.dist.rank)] = json.dumps(
+            {"format": FORMAT, "rank": self.dist.rank, "shards": shards}
+        ).encode()
 
     def _host_buffer(self, kind: str, numel: int, device: torch.device) -> torch.Tensor:
         buf = self._host.get(kind)
@@ -348,16 +407,21 @@ class CheckpointManager:
             self._host[kind] = buf
         return buf
 
-    def _commit(self, staging: Storage, name: str, step: int, meta: dict, entries: dict,
-                deepspeed_files: bool) -> None:
+    def _commit(self, staging: Storage, name: str, step: int, meta: dict, entries: dict, deepspeed_files: bool) -> None:
         """Rank 0, once every rank's files are written: meta.json last (naming its parent), publish
         (never over an existing step folder), ``latest``, rotate."""
         staging.remove(DONE)
         if deepspeed_files:  # DeepSpeed's own files, written synchronously by several ranks
             for rel in staging.walk(DS_TAG):
                 entries[rel] = hash_file(staging, rel)
-        record = {**meta, "format": FORMAT, "step": step, "saved_at": time.time(), "parent": self.head,
-                  "files": dict(sorted(entries.items()))}
+        record = {
+            **meta,
+            "format": FORMAT,
+            "step": step,
+            "saved_at": time.time(),
+            "parent": self.head,
+            "files": dict(sorted(entries.items())),
+        }
         data = json.dumps(record, indent=1).encode()
         staging.write_bytes("meta.json", data)
         if self.storage.local:
@@ -395,8 +459,9 @@ class CheckpointManager:
         if error is not None:
             self._fail(error, staging)
 
-    def _fail(self, error: str, staging: Storage, *, fix: str = "free space or fix the folder and rerun to resume "
-                                                                     "from it"):
+    def _fail(
+        self, error: str, staging: Storage, *, fix: str = "free space or fix the folder and rerun to resume from it"
+    ):
         """Remove this run's unfinished save and raise ``error`` on every rank (rank 0 removes)."""
         if self.dist.is_main:
             staging.remove()
@@ -431,8 +496,11 @@ class CheckpointManager:
         if fragments.holder(engine) == "plain":  # a torch optimizer's state per parameter, as saved for it
             for _, name, p in naming.params(engine.module):
                 own = index.shape(name, "fp32")
-                kinds[id(p)] = {k: tuple(p.shape) if index.shape(name, k) == own else index.shape(name, k)
-                                for k in index.kinds(name) if k not in ("fp32", "buffer")}
+                kinds[id(p)] = {
+                    k: tuple(p.shape) if index.shape(name, k) == own else index.shape(name, k)
+                    for k in index.kinds(name)
+                    if k not in ("fp32", "buffer")
+                }
         fragments.init_state(engine, client.get("optimizer", {}), kinds)
         for piece in fragments.pieces(engine, naming, coords, sizes):
             for kind in ["fp32", *piece.moments]:
@@ -452,8 +520,9 @@ class CheckpointManager:
             try:
                 set_rng_state(parse_json(ckpt.read(rel, max_bytes=MAX_JSON_BYTES), f"{ckpt}/{rel}"), device)
             except (KeyError, TypeError, ValueError) as err:
-                raise CheckpointError(f"checkpoint file {ckpt}/{rel} is corrupt ({type(err).__name__}: {err}); "
-                                      f"use an earlier checkpoint") from None
+                raise CheckpointError(
+                    f"checkpoint file {ckpt}/{rel} is corrupt ({type(err).__name__}: {err}); use an earlier checkpoint"
+                ) from None
 
 
 def _kinds(piece) -> list[str]:
@@ -486,13 +555,17 @@ def check_resumable(meta: dict, ckpt: Storage, family: str, model_config: Any) -
     it predates read as the family's value then (``saved_defaults``)."""
     saved = meta.get("model_family")
     if saved != family:
-        raise CheckpointError(f"checkpoint {ckpt} was written by a {str(saved)[:40]} model, this run's model.family is "
-                              f"{family}: its weights would load into another architecture; set model.family="
-                              f"{str(saved)[:40]} to resume it, or use another train.out_dir for a new run")
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by a {str(saved)[:40]} model, this run's model.family is "
+            f"{family}: its weights would load into another architecture; set model.family="
+            f"{str(saved)[:40]} to resume it, or use another train.out_dir for a new run"
+        )
     theirs = _as_json(saved_model(meta, ckpt)[0])
     ours = _as_json(model_config)
     differ = [k for k, v in ours.items() if not RESUME_MAY_CHANGE.search(k) and theirs.get(k) != v]
     if differ:
         pairs = ", ".join(f"{k}={theirs.get(k)} (this run: {ours[k]})" for k in differ[:4])
-        raise CheckpointError(f"checkpoint {ckpt} was written by a {family} model with {pairs}; resume with the model "
-                              f"config it was saved with, or use another train.out_dir for a new run")
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by a {family} model with {pairs}; resume with the model "
+            f"config it was saved with, or use another train.out_dir for a new run"
+        )

@@ -1,4 +1,5 @@
 """Errors that end a training run with a message instead of a traceback."""
+
 from glm_dist.errors import GlmError
 
 

@@ -8,6 +8,7 @@ to the top block (GPT's final norm lies on the way to any task head); else the p
 the transformer blocks, then each block in order (T5, BART: encoder blocks, then decoder blocks). A
 tied weight belongs to its lowest group; a task head is one more group on top.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -29,8 +30,12 @@ def _params(part) -> list[nn.Parameter]:
 
 
 def _block_lists(model: nn.Module) -> list[nn.Module]:
-    return [block for name, m in model.named_modules() if name.split(".")[-1] == "blocks"
-            and isinstance(m, nn.ModuleList) for block in m]
+    return [
+        block
+        for name, m in model.named_modules()
+        if name.split(".")[-1] == "blocks" and isinstance(m, nn.ModuleList)
+        for block in m
+    ]
 
 
 def layer_groups(model: nn.Module, head: nn.Module | None = None) -> list[list[nn.Parameter]]:
@@ -44,8 +49,10 @@ def layer_groups(model: nn.Module, head: nn.Module | None = None) -> list[list[n
     else:
         blocks = _block_lists(model)
         if not blocks:
-            raise TrickError(f"{type(model).__name__} has neither layer_groups(), layers() nor transformer blocks: "
-                             "no layer groups for discriminative rates or gradual unfreezing")
+            raise TrickError(
+                f"{type(model).__name__} has neither layer_groups(), layers() nor transformer blocks: "
+                "no layer groups for discriminative rates or gradual unfreezing"
+            )
         inside = {id(p) for b in blocks for p in b.parameters()}
         parts = [[p for p in model.parameters() if id(p) not in inside], *blocks]
     if head is not None:
@@ -61,8 +68,7 @@ def layer_groups(model: nn.Module, head: nn.Module | None = None) -> list[list[n
     return groups
 
 
-def discriminative_param_groups(groups: list[list[nn.Parameter]], *, factor: float,
-                                weight_decay: float) -> list[dict]:
+def discriminative_param_groups(groups: list[list[nn.Parameter]], *, factor: float, weight_decay: float) -> list[dict]:
     """Optimizer groups: layer group l of L learns at lr / factor^(L - 1 - l) (``lr_scale``, which
     ``set_lr`` multiplies in, so the schedule stays one number); matrices and embeddings decay, biases
     and norms do not. Frozen parameters are left out."""
@@ -73,6 +79,12 @@ def discriminative_param_groups(groups: list[list[nn.Parameter]], *, factor: flo
         for decay, name in ((True, "decay"), (False, "no_decay")):
             params = [p for p in trainable if matrix(p) == decay]
             if params:
-                out.append({"params": params, "weight_decay": weight_decay if decay else 0.0, "lr_scale": scale,
-                            "name": f"group{i}_{name}"})
+                out.append(
+                    {
+                        "params": params,
+                        "weight_decay": weight_decay if decay else 0.0,
+                        "lr_scale": scale,
+                        "name": f"group{i}_{name}",
+                    }
+                )
     return out

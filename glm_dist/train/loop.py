@@ -4,6 +4,7 @@ setup: process group -> config checks -> checkpoint to resume (validated before 
 written) -> shards -> model -> DeepSpeed engine -> loader -> restore -> validate -> steps
 (validate / checkpoint on intervals) -> validate -> final checkpoint -> loss curve.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,19 +77,29 @@ class Trainer:
         self.cfg, self.dist = cfg, dist or init_distributed(timeout_s=cfg.parallel.collective_timeout_s)
         validate(cfg, world_size=self.dist.world_size)
         check_launcher_agrees(cfg, dict(os.environ))
-        self.ckpts = CheckpointManager(cfg.train.checkpoint_dir or Path(cfg.train.out_dir) / "checkpoints", self.dist,
-                                       keep_last=cfg.train.keep_last, keep_every=cfg.train.keep_every)
+        self.ckpts = CheckpointManager(
+            cfg.train.checkpoint_dir or Path(cfg.train.out_dir) / "checkpoints",
+            self.dist,
+            keep_last=cfg.train.keep_last,
+            keep_every=cfg.train.keep_every,
+        )
         # fails before anything is written (a checkpoint that does not verify, a stale lineage, another model)
-        self.resume_from = self.ckpts.resolve(cfg.train.resume, overwrite=cfg.train.resume_overwrite,
-                                              family=cfg.model.family, model_config=model_config(cfg))
+        self.resume_from = self.ckpts.resolve(
+            cfg.train.resume,
+            overwrite=cfg.train.resume_overwrite,
+            family=cfg.model.family,
+            model_config=model_config(cfg),
+        )
         self.resume_meta = read_meta(self.resume_from) if self.resume_from else None
         self.manifest = ensure_shards(cfg.data, self.dist)
         self.shards_dir = run_shards_dir(cfg.data)  # data.shards_dir, or a mixture's first source: the tokenizer's
         self.model_cfg = model_config(cfg)
         vocab = self.manifest["tokenizer"]["vocab_size"]
         if vocab > self.model_cfg.vocab_size:
-            raise ConfigError(f"the tokenizer in {self.shards_dir} has {vocab} tokens but "
-                              f"model.vocab_size is {self.model_cfg.vocab_size}; set model.vocab_size >= {vocab}")
+            raise ConfigError(
+                f"the tokenizer in {self.shards_dir} has {vocab} tokens but "
+                f"model.vocab_size is {self.model_cfg.vocab_size}; set model.vocab_size >= {vocab}"
+            )
         self.seq_len = seq_len(cfg)
         self.objective = get_objective(cfg.objective.name)
         torch.manual_seed(cfg.train.seed)
@@ -101,8 +112,12 @@ class Trainer:
         if prepare and not self.local_init:
             resolve(prepare)(model, self.manifest, cfg.data.shards_dir)
         if cfg.train.init_from and self.resume_from is None:  # a new run from pretrained weights (ULMFiT's stage 2)
-            load_pretrained(model, cfg.train.init_from, family=cfg.model.family,
-                            tokenizer_sha256=self.manifest["tokenizer"]["sha256"])
+            load_pretrained(
+                model,
+                cfg.train.init_from,
+                family=cfg.model.family,
+                tokenizer_sha256=self.manifest["tokenizer"]["sha256"],
+            )
         self.flops_per_token = model.num_flops_per_token(self.seq_len)
         p = cfg.parallel
         self.topo = Topology.for_world(self.dist.world_size, p.pipeline_stages, p.tensor_parallel)
@@ -122,8 +137,9 @@ class Trainer:
         dp_rank, dp_size = self.coords["data"], self.topo.data
         groups = None  # discriminative fine-tuning: one rate per layer group (train/layer_groups.py)
         if cfg.train.discriminative_lr:
-            groups = discriminative_param_groups(layer_groups(model), factor=cfg.train.discriminative_lr,
-                                                 weight_decay=cfg.train.weight_decay)
+            groups = discriminative_param_groups(
+                layer_groups(model), factor=cfg.train.discriminative_lr, weight_decay=cfg.train.weight_decay
+            )
         self.optimizer = build_optimizer(model, cfg.train, groups)
         self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size, mpu=self.mpu)
         if self.pipelined:
@@ -133,46 +149,73 @@ class Trainer:
         # Transformer-XL memory: the batch becomes parallel streams, each with its memory (train/streams.py)
         self.memory = StreamMemory() if family(cfg.model.family).streams(self.model_cfg) else None
         global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * dp_size
-        self.mixture = run_mixture(cfg.data, samples=cfg.train.max_steps * global_batch, seq_len=self.seq_len,
-                                   own_loader=bool(getattr(self.objective, "loader", None)),
-                                   where=source_of(cfg, "data.mixture"))
+        self.mixture = run_mixture(
+            cfg.data,
+            samples=cfg.train.max_steps * global_batch,
+            seq_len=self.seq_len,
+            own_loader=bool(getattr(self.objective, "loader", None)),
+            where=source_of(cfg, "data.mixture"),
+        )
         data = self.mixture or cfg.data.shards_dir  # what the loaders read: the mixture's sources or one shard set
         self._source_sums = [[0.0, 0.0] for _ in (self.mixture.names if self.mixture else ())]  # _source_losses
-        loader_args = dict(objective=cfg.objective.name, options=options_from_config(cfg.objective, self.model_cfg),
-                           streams=self.memory is not None,
-                           seq_len=self.seq_len, micro_batch_size=cfg.train.micro_batch_size,
-                           grad_accum_steps=cfg.train.grad_accum_steps, dp_rank=dp_rank,
-                           dp_size=dp_size, seed=cfg.train.seed, shuffle_window=cfg.data.shuffle_window,
-                           cache_dir=cfg.data.cache_dir, read_gap_bytes=cfg.data.read_gap_bytes,
-                           read_retries=cfg.data.read_retries, read_backoff_s=cfg.data.read_backoff_s,
-                           # a middle pipeline stage takes no batch from the loader: it reads nothing
-                           reads=not self.pipelined or self.coords["pipeline"] in (0, self.topo.pipeline - 1))
+        loader_args = dict(
+            objective=cfg.objective.name,
+            options=options_from_config(cfg.objective, self.model_cfg),
+            streams=self.memory is not None,
+            seq_len=self.seq_len,
+            micro_batch_size=cfg.train.micro_batch_size,
+            grad_accum_steps=cfg.train.grad_accum_steps,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            seed=cfg.train.seed,
+            shuffle_window=cfg.data.shuffle_window,
+            cache_dir=cfg.data.cache_dir,
+            read_gap_bytes=cfg.data.read_gap_bytes,
+            read_retries=cfg.data.read_retries,
+            read_backoff_s=cfg.data.read_backoff_s,
+            # a middle pipeline stage takes no batch from the loader: it reads nothing
+            reads=not self.pipelined or self.coords["pipeline"] in (0, self.topo.pipeline - 1),
+        )
         # the tensor ranks of a replica share one read: tensor rank 0's, broadcast (data/shared.py)
         shared = self.topo.tensor > 1 and loader_args["reads"]
         if shared and self.coords["tensor"] > 0:
             self.loader = Loader(data, **{**loader_args, "reads": False})
         elif getattr(self.objective, "loader", None):  # an objective's own batch schedule (CVT: data/alternating.py)
-            self.loader = resolve(self.objective.loader)(data, num_workers=cfg.data.num_workers,
-                                                         **loader_args)
+            self.loader = resolve(self.objective.loader)(data, num_workers=cfg.data.num_workers, **loader_args)
         else:
-            self.loader = (WorkerLoader(data, num_workers=cfg.data.num_workers, **loader_args)
-                           if cfg.data.num_workers else Loader(data, **loader_args))
+            self.loader = (
+                WorkerLoader(data, num_workers=cfg.data.num_workers, **loader_args)
+                if cfg.data.num_workers
+                else Loader(data, **loader_args)
+            )
         if shared:
             self.loader = TensorShared(self.loader, self.tensor_group, lead=self.coords["tensor"] == 0)
         self.state = TrainState()
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.val_batches = validation_batches(data, seq_len=self.seq_len, objective=cfg.objective.name,
-                                              options=loader_args["options"],
-                                              micro_batch_size=cfg.train.micro_batch_size,
-                                              num_batches=cfg.train.eval_batches, dp_rank=dp_rank,
-                                              dp_size=dp_size)
+        self.val_batches = validation_batches(
+            data,
+            seq_len=self.seq_len,
+            objective=cfg.objective.name,
+            options=loader_args["options"],
+            micro_batch_size=cfg.train.micro_batch_size,
+            num_batches=cfg.train.eval_batches,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+        )
         tok = read_tokenizer(self.shards_dir, self.manifest)
         self.byte_lengths = byte_length_table(tok, self.model_cfg.vocab_size)
-        self.autocast = (torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
-                         if cfg.train.precision == "bf16-autocast" else contextlib.nullcontext())
-        self.log = RunLogger(cfg, is_main=self.dist.is_main, start_step=self.state.step,
-                             attachments={"data_manifest.json": self.manifest})
+        self.autocast = (
+            torch.autocast(self.engine.device.type, dtype=torch.bfloat16)
+            if cfg.train.precision == "bf16-autocast"
+            else contextlib.nullcontext()
+        )
+        self.log = RunLogger(
+            cfg,
+            is_main=self.dist.is_main,
+            start_step=self.state.step,
+            attachments={"data_manifest.json": self.manifest},
+        )
         self.tasks = None  # in-loop lm-eval tasks (eval/in_loop.py); lm-eval is imported only when asked for
         if cfg.eval.tasks:
             from glm_dist.eval.in_loop import in_loop_eval
@@ -187,8 +230,12 @@ class Trainer:
 
     @property
     def layout(self) -> dict:
-        return {"data": self.topo.data, "pipeline": self.topo.pipeline, "tensor": self.topo.tensor,
-                "zero_stage": self.cfg.parallel.zero_stage}
+        return {
+            "data": self.topo.data,
+            "pipeline": self.topo.pipeline,
+            "tensor": self.topo.tensor,
+            "zero_stage": self.cfg.parallel.zero_stage,
+        }
 
     def _tensor_parallel(self, model):
         """Attention heads and FFN width split over the tensor-parallel group (no pipeline); the
@@ -197,8 +244,14 @@ class Trainer:
 
         self.mpu = ParallelGroups(self.topo, self.dist.rank)
         self.tensor_group = self.mpu.get_model_parallel_group()
-        shard_model(model, self.coords["tensor"], self.topo.tensor, self.tensor_group, **self._plans,
-                    sequence=self.cfg.parallel.sequence_parallel)
+        shard_model(
+            model,
+            self.coords["tensor"],
+            self.topo.tensor,
+            self.tensor_group,
+            **self._plans,
+            sequence=self.cfg.parallel.sequence_parallel,
+        )
         self.vocab_split = model_vocab_split(model)
         mark_for_grad_norm(model, self.coords["tensor"])
         return model
@@ -226,8 +279,9 @@ class Trainer:
         rule = dict(std=family(cfg.model.family).init_std(self.model_cfg), seed=cfg.train.seed)
         if cfg.parallel.zero_stage == 3:  # parameters partitioned as they are made (deepspeed.zero.Init)
             dp = self.dist.world_size // cfg.parallel.tensor_parallel
-            return partitioned_build(lambda: build_model(cfg.model.family, self.model_cfg),
-                                     deepspeed_config(cfg, dp_size=dp), **rule)
+            return partitioned_build(
+                lambda: build_model(cfg.model.family, self.model_cfg), deepspeed_config(cfg, dp_size=dp), **rule
+            )
         model = build_model(cfg.model.family, self.model_cfg)
         init_whole(model, **rule)
         return model
@@ -241,15 +295,21 @@ class Trainer:
         from glm_dist.parallel.tensor import model_vocab_split, shard_model
 
         cfg, n_layer = self.cfg, self.model_cfg.n_layer
-        topology = PipeModelDataParallelTopology(num_pp=self.topo.pipeline, num_mp=self.topo.tensor,
-                                                 num_dp=self.topo.data)
+        topology = PipeModelDataParallelTopology(
+            num_pp=self.topo.pipeline, num_mp=self.topo.tensor, num_dp=self.topo.data
+        )
         spec = family(cfg.model.family).pipeline
         build, rename = resolve(spec.build), resolve(spec.rename)
         try:
-            pipe = build(model, stages=self.topo.pipeline, loss_fn=self._stage_loss, topology=topology,
-                         partition=cfg.parallel.pipeline_partition,
-                         checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
-                         local_seed=cfg.train.seed if self.local_init else None)
+            pipe = build(
+                model,
+                stages=self.topo.pipeline,
+                loss_fn=self._stage_loss,
+                topology=topology,
+                partition=cfg.parallel.pipeline_partition,
+                checkpoint_interval=1 if cfg.train.activation_checkpointing else 0,
+                local_seed=cfg.train.seed if self.local_init else None,
+            )
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if self.topo.tensor > 1:
@@ -258,19 +318,22 @@ class Trainer:
             self.vocab_split = model_vocab_split(pipe)
         pipeline.mark_for_grad_norm(pipe, tensor_rank=self.coords["tensor"])
         # the tied embedding's copies on the first and the last stage each write half of it
-        self.naming = fragments.Naming(rename=lambda key: rename(key, n_layer),
-                                       tied=fragments.pipeline_tied(pipe, self.dist.rank))
+        self.naming = fragments.Naming(
+            rename=lambda key: rename(key, n_layer), tied=fragments.pipeline_tied(pipe, self.dist.rank)
+        )
         return pipe
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> dict:
         t, start = self.cfg.train, self.state.step
-        self.log.message(f"model: {self.cfg.model.family}/{self.cfg.model.flavor}, "
-                         f"{count_parameters(self.engine.module):,} parameters; "
-                         f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
-                         + (f"; {self.topo.describe()}" if self.topo.world_size > self.topo.data else "")
-                         + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else "")
-                         + (f" (saved at {saved_layout(self.resume_meta)}: resharded)" if self.resharded else ""))
+        self.log.message(
+            f"model: {self.cfg.model.family}/{self.cfg.model.flavor}, "
+            f"{count_parameters(self.engine.module):,} parameters; "
+            f"world size {self.dist.world_size}, ZeRO-{self.cfg.parallel.zero_stage}, {t.precision}"
+            + (f"; {self.topo.describe()}" if self.topo.world_size > self.topo.data else "")
+            + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else "")
+            + (f" (saved at {saved_layout(self.resume_meta)}: resharded)" if self.resharded else "")
+        )
         try:
             before = self.validate()
             end = min(t.max_steps, t.stop_at_step or t.max_steps)
@@ -293,17 +356,28 @@ class Trainer:
                 raise self._timed_out(err) from None
             raise
         self._write_memory()
-        summary = {**{f"val_{k}_before": before[k] for k in ("loss", "perplexity") if k in before},
-                   **{f"val_{k}": v for k, v in after.items() if k.split("/")[0] != "tokens"}, **asdict(self.state)}
+        summary = {
+            **{f"val_{k}_before": before[k] for k in ("loss", "perplexity") if k in before},
+            **{f"val_{k}": v for k, v in after.items() if k.split("/")[0] != "tokens"},
+            **asdict(self.state),
+        }
         metric = "perplexity" if "perplexity" in after else "loss"  # GloVe's loss is no likelihood
         digits = 2 if metric == "perplexity" else 4
-        self.log.message(f"validation {metric}: {before[metric]:.{digits}f} before -> "
-                         f"{after[metric]:.{digits}f} after {self.state.step} steps"
-                         + ("" if self.state.step >= t.max_steps else
-                            f" (stopped at train.stop_at_step; rerun to continue to {t.max_steps})"))
+        self.log.message(
+            f"validation {metric}: {before[metric]:.{digits}f} before -> "
+            f"{after[metric]:.{digits}f} after {self.state.step} steps"
+            + (
+                ""
+                if self.state.step >= t.max_steps
+                else f" (stopped at train.stop_at_step; rerun to continue to {t.max_steps})"
+            )
+        )
         if self.dist.is_main and t.plot:
-            png = plot_loss_curve(self.log.metrics_file, Path(t.out_dir) / "loss_curve.png",
-                                  title=f"{self.cfg.model.flavor} ({self.cfg.objective.name})")
+            png = plot_loss_curve(
+                self.log.metrics_file,
+                Path(t.out_dir) / "loss_curve.png",
+                title=f"{self.cfg.model.flavor} ({self.cfg.objective.name})",
+            )
             self.log.message(f"loss curve: {png}")
         self.log.close(summary)
         return summary
@@ -312,13 +386,20 @@ class Trainer:
         """A collective some rank never joined: name the missing ranks (rank 0 asks them all)."""
         missing = comm.diagnose_timeout()
         limit = self.cfg.parallel.collective_timeout_s
-        who = (f"rank(s) {', '.join(map(str, missing))} did not reach it" if missing
-               else "rank 0 names the missing ranks" if missing is None else "every rank answers now")
+        who = (
+            f"rank(s) {', '.join(map(str, missing))} did not reach it"
+            if missing
+            else "rank 0 names the missing ranks"
+            if missing is None
+            else "every rank answers now"
+        )
         self.log.close()
-        return CollectiveTimeout(f"step {self.state.step + 1}: a collective timed out after {limit:g} s "
-                                 f"(parallel.collective_timeout_s); {who} -- a hung or dead process: look at its "
-                                 f"log, or its stack with py-spy dump --pid; the last complete checkpoint under "
-                                 f"{self.ckpts.root} is untouched")
+        return CollectiveTimeout(
+            f"step {self.state.step + 1}: a collective timed out after {limit:g} s "
+            f"(parallel.collective_timeout_s); {who} -- a hung or dead process: look at its "
+            f"log, or its stack with py-spy dump --pid; the last complete checkpoint under "
+            f"{self.ckpts.root} is untouched"
+        )
 
     def train_step(self) -> None:
         """One optimizer step over ``grad_accum_steps`` micro batches on every rank, with one
@@ -348,8 +429,11 @@ class Trainer:
             batch = to_device(batch, dev)
             if self.memory is not None:
                 batch["mems"] = self.memory.take(rows, dev)
-            groups = (row_groups(batch.pop("source"), len(self.mixture.names)) if self.mixture is not None
-                      else contextlib.nullcontext())
+            groups = (
+                row_groups(batch.pop("source"), len(self.mixture.names))
+                if self.mixture is not None
+                else contextlib.nullcontext()
+            )
             with self.autocast, vocab_split(self.vocab_split), groups as sums_by_source:
                 loss, sums = self.objective.loss(self.engine, batch, metrics=False)
             if self.memory is not None:
@@ -366,8 +450,8 @@ class Trainer:
                 reduced = comm.all_reduce_(stats if per_source is None else torch.cat([stats, per_source.flatten()]))
                 loss_sum, bad, stop, *rest = torch.cat([reduced, *extra]).tolist()  # the one host sync
                 if per_source is not None:
-                    self._add_source_sums(rest[:per_source.numel()])
-                    rest = rest[per_source.numel():]
+                    self._add_source_sums(rest[: per_source.numel()])
+                    rest = rest[per_source.numel() :]
                 self._flush_log(*rest)  # the previous step's row, its grad norm read in the same sync
                 self.optimizer.skip_next = bad > 0  # read by the optimizer step at the boundary
             self.engine.step()
@@ -386,37 +470,56 @@ class Trainer:
         from glm_dist.parallel.memory import rank_model_states
 
         path = Path(self.cfg.train.out_dir) / f"model_states_rank{self.dist.rank}.json"
-        path.write_text(json.dumps({"rank": self.dist.rank, "world_size": self.dist.world_size,
-                                    "zero_stage": self.cfg.parallel.zero_stage, **rank_model_states(self.engine)}))
+        path.write_text(
+            json.dumps(
+                {
+                    "rank": self.dist.rank,
+                    "world_size": self.dist.world_size,
+                    "zero_stage": self.cfg.parallel.zero_stage,
+                    **rank_model_states(self.engine),
+                }
+            )
+        )
 
     def _preempt(self) -> None:
         """Checkpoint and leave with ``Preempted`` (exit code 75: requeue me)."""
         path = self.save()
-        self.log.message(f"stop signal ({self.stop.received or 'on another rank'}) at step {self.state.step}: "
-                         f"checkpoint {path} written; exiting with code {Preempted.exit_code} so the job is requeued")
+        self.log.message(
+            f"stop signal ({self.stop.received or 'on another rank'}) at step {self.state.step}: "
+            f"checkpoint {path} written; exiting with code {Preempted.exit_code} so the job is requeued"
+        )
         self.log.close()
         raise Preempted(f"stopped by a signal at step {self.state.step}; resume from {path}")
 
     def _count_skip(self, loss: float) -> None:
         self.state.skipped_steps += 1
         limit = self.cfg.train.max_skipped_steps
-        self.log.message(f"step {self.state.step}: non-finite loss ({loss}); step skipped "
-                         f"({self.state.skipped_steps} of at most {limit})")
+        self.log.message(
+            f"step {self.state.step}: non-finite loss ({loss}); step skipped "
+            f"({self.state.skipped_steps} of at most {limit})"
+        )
         if self.state.skipped_steps > limit:
             self._flush_log()
             self.log.close()
             raise TrainingDiverged(
                 f"{self.state.skipped_steps} steps had a non-finite loss (train.max_skipped_steps={limit}); "
                 f"stopping without saving. The last good checkpoint is untouched under {self.ckpts.root}; "
-                f"lower train.lr, check the data, or raise train.max_skipped_steps")
+                f"lower train.lr, check the data, or raise train.max_skipped_steps"
+            )
 
     def _log_step(self, loss: float, seconds: float) -> None:
         """Queue this step's row; it is written at the next step's sync (or before a validation,
         a save or the end), when reading the grad norm costs no extra device sync."""
         tokens_per_s = self.loader.global_batch_size * self.seq_len / seconds
-        metrics = {"loss": loss, "lr": lr_at(self.state.step - 1, self.cfg.train), "grad_norm": None,
-                   "tokens_per_s": tokens_per_s, "tokens": self.state.tokens,
-                   "epoch": self.loader.epoch, "skipped_steps": self.state.skipped_steps}
+        metrics = {
+            "loss": loss,
+            "lr": lr_at(self.state.step - 1, self.cfg.train),
+            "grad_norm": None,
+            "tokens_per_s": tokens_per_s,
+            "tokens": self.state.tokens,
+            "epoch": self.loader.epoch,
+            "skipped_steps": self.state.skipped_steps,
+        }
         if self.peak_flops:
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dist.world_size)
         if self.mixture is not None:  # tokens and epochs drawn per source, exact (from the data position)
@@ -437,8 +540,15 @@ class Trainer:
         predicts as many tokens (packed CLM). Objectives with a loss beside the token one (ELECTRA's
         replaced-token detection, NSP/SOP's sentence loss) report their token-level LM part here. A
         pipelined run, whose last stage's loss never sees the rows' sources, reports none."""
-        out = {f"loss/{name}": nll / tokens for name, (nll, tokens) in zip(self.mixture.names, self._source_sums)
-               if tokens} if self.mixture is not None else {}
+        out = (
+            {
+                f"loss/{name}": nll / tokens
+                for name, (nll, tokens) in zip(self.mixture.names, self._source_sums)
+                if tokens
+            }
+            if self.mixture is not None
+            else {}
+        )
         self._source_sums = [[0.0, 0.0] for _ in self._source_sums]
         return out
 
@@ -458,8 +568,9 @@ class Trainer:
         self._flush_log()
         self._log_reads()
         if self.mixture is not None:
-            metrics = evaluate_sources(self._evaluate, self.val_batches, names=self.mixture.names,
-                                       weights=self.mixture.weights)
+            metrics = evaluate_sources(
+                self._evaluate, self.val_batches, names=self.mixture.names, weights=self.mixture.weights
+            )
         else:
             metrics = self._evaluate(self.val_batches)
         self.log.validation(self.state.step, metrics)
@@ -474,8 +585,13 @@ class Trainer:
             return metrics
         self.engine.eval()
         with self.autocast, vocab_split(self.vocab_split):
-            metrics = evaluate(self.engine, batches, byte_lengths=self.byte_lengths,
-                               device=self.engine.device, objective=self.objective)
+            metrics = evaluate(
+                self.engine,
+                batches,
+                byte_lengths=self.byte_lengths,
+                device=self.engine.device,
+                objective=self.objective,
+            )
         metrics["tokens"] //= self.topo.tensor  # tensor ranks of a replica evaluate the same batches
         self.engine.train()
         return metrics
@@ -486,8 +602,9 @@ class Trainer:
         counts = self.loader.read_counts()
         keys = ("bytes_read", "read_requests", "skipped_documents")
         summed = comm.all_reduce_values([float(counts[k]) for k in keys])
-        self.log.data(self.state.step, {**{k: int(v) for k, v in zip(keys, summed)},
-                                        "skipped_shards": counts["skipped_shards"]})
+        self.log.data(
+            self.state.step, {**{k: int(v) for k, v in zip(keys, summed)}, "skipped_shards": counts["skipped_shards"]}
+        )
 
     # -- state ----------------------------------------------------------------------------
     def save(self) -> str:
@@ -496,23 +613,40 @@ class Trainer:
         self._flush_log()
         t = self.cfg.train
         client = {"train_state": asdict(self.state), "data": self.loader.state_dict()}
-        meta = {"config": redact(to_dict(self.cfg)), "zero_stage": self.cfg.parallel.zero_stage,
-                "layout": self.layout, "world_size": self.dist.world_size, "model_family": self.cfg.model.family,
-                "model_config": asdict(self.model_cfg), "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
-                "shards_dir": redact(str(Path(self.shards_dir).resolve()))
-                if "://" not in self.shards_dir else redact(self.shards_dir),
-                "resumed_from": str(self.resume_from) if self.resume_from else None}
+        meta = {
+            "config": redact(to_dict(self.cfg)),
+            "zero_stage": self.cfg.parallel.zero_stage,
+            "layout": self.layout,
+            "world_size": self.dist.world_size,
+            "model_family": self.cfg.model.family,
+            "model_config": asdict(self.model_cfg),
+            "tokenizer_sha256": self.manifest["tokenizer"]["sha256"],
+            "shards_dir": redact(str(Path(self.shards_dir).resolve()))
+            if "://" not in self.shards_dir
+            else redact(self.shards_dir),
+            "resumed_from": str(self.resume_from) if self.resume_from else None,
+        }
         extra = RankFiles(self.dist.rank)
         if self.memory is not None and self.coords["tensor"] == 0:
             self.memory.capture(extra)
         last = self.stop_agreed or self.state.step >= min(t.max_steps, t.stop_at_step or t.max_steps)
-        path = self.ckpts.save(self.engine, self.state.step, naming=self.naming, coords=self.coords,
-                               sizes={"data": self.topo.data, "tensor": self.topo.tensor}, client_state=client,
-                               meta=meta, extra=extra,
-                               tokenizer=f"{self.shards_dir}/{self.manifest['tokenizer']['file']}",
-                               deepspeed_files=t.deepspeed_checkpoint, wait=last)
-        self.log.message(f"checkpoint: {path}" + ("" if last else f" ({self.ckpts.last_save['blocking_s']:.2f} s "
-                                                                   f"blocking; writing in the background)"))
+        path = self.ckpts.save(
+            self.engine,
+            self.state.step,
+            naming=self.naming,
+            coords=self.coords,
+            sizes={"data": self.topo.data, "tensor": self.topo.tensor},
+            client_state=client,
+            meta=meta,
+            extra=extra,
+            tokenizer=f"{self.shards_dir}/{self.manifest['tokenizer']['file']}",
+            deepspeed_files=t.deepspeed_checkpoint,
+            wait=last,
+        )
+        self.log.message(
+            f"checkpoint: {path}"
+            + ("" if last else f" ({self.ckpts.last_save['blocking_s']:.2f} s blocking; writing in the background)")
+        )
         if self.mixture is not None:
             self.log.data_card(self._data_card())
         return str(path)
@@ -523,15 +657,23 @@ class Trainer:
         m = self.mixture
         position = self.loader.state_dict()
         drawn = m.drawn(position["samples"], self.seq_len, streams=position["streams"])
-        return {"step": self.state.step, "tokens": self.state.tokens, "mixing": self.cfg.data.mixing,
-                "sources": [{"name": name, "shards_dir": path, "tokens_available": size, "weight": weight,
-                             **drawn[name]} for name, path, size, weight in zip(m.names, m.shards_dirs, m.sizes,
-                                                                               m.weights)]}
+        return {
+            "step": self.state.step,
+            "tokens": self.state.tokens,
+            "mixing": self.cfg.data.mixing,
+            "sources": [
+                {"name": name, "shards_dir": path, "tokens_available": size, "weight": weight, **drawn[name]}
+                for name, path, size, weight in zip(m.names, m.shards_dirs, m.sizes, m.weights)
+            ],
+        }
 
     def _restore(self, path) -> None:
         """Masters, moments, buffers and RNG from a checkpoint of any layout, then the run's position."""
-        self._set_position(self.ckpts.load(self.engine, path, self.naming, self.coords,
-                                           {"data": self.topo.data, "tensor": self.topo.tensor}))
+        self._set_position(
+            self.ckpts.load(
+                self.engine, path, self.naming, self.coords, {"data": self.topo.data, "tensor": self.topo.tensor}
+            )
+        )
 
     def _set_position(self, client: dict) -> None:
         if self.memory is not None:
@@ -540,8 +682,10 @@ class Trainer:
             self.state = TrainState(**client["train_state"])
             self.loader.load_state_dict(client["data"])
         except (KeyError, TypeError) as err:
-            raise CheckpointError(f"{self.resume_from}/client_state.json is corrupt ({type(err).__name__}: {err}); "
-                                  f"use an earlier checkpoint") from None
+            raise CheckpointError(
+                f"{self.resume_from}/client_state.json is corrupt ({type(err).__name__}: {err}); "
+                f"use an earlier checkpoint"
+            ) from None
 
 
 def train(cfg: Config) -> dict:

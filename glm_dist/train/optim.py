@@ -1,6 +1,7 @@
 """Optimizers with decay / no-decay parameter groups (no decay on biases and norms): fused AdamW,
 LAMB for ALBERT's recipe, Adafactor for T5's, AdaGrad for GloVe's and ELMo's. All can skip a step
 (non-finite loss)."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for p in model.parameters():  # unique parameters: a tied weight appears once
         if p.requires_grad:
             (decay if matrix(p) else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
-            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    return [
+        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]
 
 
 class Skippable:
@@ -48,8 +51,14 @@ class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2019, as used for ALBERT): Adam's bias-corrected direction plus decoupled
     weight decay, rescaled per tensor by the trust ratio ||w|| / ||update||."""
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -92,12 +101,19 @@ class AdaGrad(torch.optim.Optimizer):
     skip hook, and failing with more than one group). Its state is made on the first step, for the
     tensors its groups then hold (ZeRO's flat partitions): element-wise, so flattening keeps its meaning."""
 
-    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10, initial_accumulator_value: float = 0.0,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        initial_accumulator_value: float = 0.0,
+        weight_decay: float = 0.0,
+    ):
         if initial_accumulator_value < 0:
             raise ValueError(f"initial_accumulator_value={initial_accumulator_value} must be >= 0")
-        super().__init__(params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value,
-                                      weight_decay=weight_decay))
+        super().__init__(
+            params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value, weight_decay=weight_decay)
+        )
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -4,6 +4,7 @@ The handler only sets a flag; the ranks agree on it in the all-reduce each step 
 signal may reach the ranks at different moments), and then every rank checkpoints and exits
 together.
 """
+
 from __future__ import annotations
 
 import signal

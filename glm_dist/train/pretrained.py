@@ -1,6 +1,7 @@
 """Starting a run from a pretrained checkpoint's weights (``train.init_from``): ULMFiT's second stage
 fine-tunes the general-domain LM on the target task's text with a new optimizer, schedule and data
 position. The checkpoint must be of the same family and tokenizer (its token ids mean the same)."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -16,15 +17,20 @@ def load_pretrained(model: nn.Module, checkpoint: str, *, family: str, tokenizer
     if meta["model_family"] != family:
         raise ConfigError(f"train.init_from={checkpoint} is a {meta['model_family']!r} checkpoint, not {family!r}")
     if meta["tokenizer_sha256"] != tokenizer_sha256:
-        raise ConfigError(f"train.init_from={checkpoint} was trained with another tokenizer than data.shards_dir's; "
-                          f"encode the new text with its tokenizer (data.tokenizer={checkpoint}/tokenizer.json)")
+        raise ConfigError(
+            f"train.init_from={checkpoint} was trained with another tokenizer than data.shards_dir's; "
+            f"encode the new text with its tokenizer (data.tokenizer={checkpoint}/tokenizer.json)"
+        )
     missing = sorted(set(model.state_dict()) - set(sd))
     if missing:
-        raise ConfigError(f"train.init_from={checkpoint} lacks weights {missing[:5]} of this model "
-                          "(a model config other than the checkpoint's?)")
+        raise ConfigError(
+            f"train.init_from={checkpoint} lacks weights {missing[:5]} of this model "
+            "(a model config other than the checkpoint's?)"
+        )
     try:
         model.load_state_dict({k: v for k, v in sd.items() if k in model.state_dict()})
     except RuntimeError as err:  # shapes: another flavor or vocabulary size
-        raise ConfigError(f"train.init_from={checkpoint} does not fit this model: "
-                          f"{str(err).splitlines()[-1].strip()}") from None
+        raise ConfigError(
+            f"train.init_from={checkpoint} does not fit this model: {str(err).splitlines()[-1].strip()}"
+        ) from None
     return meta

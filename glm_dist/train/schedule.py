@@ -3,6 +3,7 @@ or T5's inverse square root; or ULMFiT's slanted triangular rates.
 
 A pure function of the step, so the scheduler's whole state is the step counter (exact resume).
 """
+
 from __future__ import annotations
 
 import math

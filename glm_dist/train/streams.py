@@ -7,6 +7,7 @@ it back with the stream's next segment, and saves it with every checkpoint: each
 streams it holds (``stream_memory/rank<r>.safetensors``), and a resume at any data-parallel size
 loads the streams its ranks now hold -- so a resume is exact at any layout.
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,5 +60,6 @@ class StreamMemory:
                 for i, r in enumerate(tensors["rows"].tolist()):
                     self.saved[r] = [layer[i] for layer in layers]
             except (KeyError, IndexError) as err:
-                raise CheckpointError(f"checkpoint file {ckpt}/{rel} is corrupt ({type(err).__name__}: {err}); use "
-                                      f"an earlier checkpoint") from None
+                raise CheckpointError(
+                    f"checkpoint file {ckpt}/{rel} is corrupt ({type(err).__name__}: {err}); use an earlier checkpoint"
+                ) from None

@@ -1,6 +1,7 @@
 """Sequence classification on an encoder's summary state (BERT's [CLS], XLNet's last <cls>): one new
 weight matrix (``SequenceClassifier``), cross-entropy, held-out and training accuracy after every
 epoch (BERT's recipe: lr 2e-5..5e-5, 2-4 epochs)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from glm_dist.transfer.loop import Batch, TensorRows, finetune_task
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
 
-def encode(rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[str, int], pad_id: int, *,
-           pad_left: bool = False) -> Batch:
+def encode(
+    rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[str, int], pad_id: int, *, pad_left: bool = False
+) -> Batch:
     """Rows -> the family's [CLS] ... [SEP] template of ``--text-field`` (and ``--pair-field``),
     truncated and padded to ``--max-len``, with label indices."""
     tok.enable_truncation(args.max_len)
@@ -24,13 +26,17 @@ def encode(rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[st
     for row in rows:
         for key in (args.text_field, args.label_field) + ((args.pair_field,) if args.pair_field else ()):
             if key not in row:
-                raise FinetuneError(f"row {str(row)[:200]} has no field {key!r}; "
-                                    f"set --text-field / --pair-field / --label-field")
+                raise FinetuneError(
+                    f"row {str(row)[:200]} has no field {key!r}; set --text-field / --pair-field / --label-field"
+                )
     pairs = [(r[args.text_field], r[args.pair_field]) if args.pair_field else r[args.text_field] for r in rows]
     enc = tok.encode_batch(pairs)
-    return {"input_ids": torch.tensor([e.ids for e in enc]), "token_type_ids": torch.tensor([e.type_ids for e in enc]),
-            "attention_mask": torch.tensor([e.attention_mask for e in enc]),
-            "labels": torch.tensor([labels[str(r[args.label_field])] for r in rows])}
+    return {
+        "input_ids": torch.tensor([e.ids for e in enc]),
+        "token_type_ids": torch.tensor([e.type_ids for e in enc]),
+        "attention_mask": torch.tensor([e.attention_mask for e in enc]),
+        "labels": torch.tensor([labels[str(r[args.label_field])] for r in rows]),
+    }
 
 
 @torch.no_grad()
@@ -38,7 +44,7 @@ def accuracy(model: nn.Module, data: Batch, batch_size: int, device) -> float:
     model.eval()
     right = 0
     for i in range(0, len(data["labels"]), batch_size):
-        part = {k: v[i:i + batch_size].to(device) for k, v in data.items()}
+        part = {k: v[i : i + batch_size].to(device) for k, v in data.items()}
         logits = model(part["input_ids"], part["token_type_ids"], part["attention_mask"])
         right += int((logits.argmax(-1) == part["labels"]).sum())
     model.train()
@@ -65,12 +71,24 @@ class Classification(TensorRows):
         return F.cross_entropy(logits.float(), batch["labels"])
 
     def evaluate(self, engine: nn.Module) -> dict:
-        return {"valid_accuracy": accuracy(engine, self.valid, self.batch_size, engine.device),
-                "train_accuracy": accuracy(engine, self.train, self.batch_size, engine.device)}
+        return {
+            "valid_accuracy": accuracy(engine, self.valid, self.batch_size, engine.device),
+            "train_accuracy": accuracy(engine, self.train, self.batch_size, engine.device),
+        }
 
 
-def classify(args: FinetuneArgs, encoder: nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict],
-             *, pad_id: int, pad_left: bool, position: int, adapter_sites: tuple[str, ...]) -> dict:
+def classify(
+    args: FinetuneArgs,
+    encoder: nn.Module,
+    tok: Tokenizer,
+    train_rows: list[dict],
+    valid_rows: list[dict],
+    *,
+    pad_id: int,
+    pad_left: bool,
+    position: int,
+    adapter_sites: tuple[str, ...],
+) -> dict:
     """Train the classifier; the result without the checkpoint's name, the model under ``model``."""
     labels = {name: i for i, name in enumerate(sorted({str(r[args.label_field]) for r in train_rows}))}
     valid_rows = [r for r in valid_rows if str(r[args.label_field]) in labels]
@@ -79,6 +97,12 @@ def classify(args: FinetuneArgs, encoder: nn.Module, tok: Tokenizer, train_rows:
     task = Classification(model, train, adapter_sites, valid=valid, batch_size=args.batch_size)
     history, _ = finetune_task(task, args)
     counts = torch.bincount(valid["labels"], minlength=len(labels))
-    return {"labels": list(labels), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
-            "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
-            "valid_accuracy": history[-1]["valid_accuracy"], "history": history, "model": model}
+    return {
+        "labels": list(labels),
+        "train_examples": len(train_rows),
+        "valid_examples": len(valid_rows),
+        "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
+        "valid_accuracy": history[-1]["valid_accuracy"],
+        "history": history,
+        "model": model,
+    }

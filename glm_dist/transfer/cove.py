@@ -13,6 +13,7 @@ zero vector of ``<unk>``). No sentence marks: the encoder was trained on plain s
 over the real positions, a linear layer: the paper's classification network without the
 biattention), ``fit_classifier`` trains it with Adam and keeps the best epoch on held-out rows.
 """
+
 from __future__ import annotations
 
 import copy
@@ -70,9 +71,9 @@ def cove_features(model: nn.Module, tok: Tokenizer, texts: Sequence[str], *, bat
     """Each text's [GloVe; CoVe] vectors, (words, d_input + 2 d_model) float32 (``glm features``)."""
     embedder, out = CoVeEmbedder(model), []
     for start in range(0, len(texts), batch_size):
-        batch = encode(tok, texts[start:start + batch_size])
+        batch = encode(tok, texts[start : start + batch_size])
         vectors = embedder(**batch)
-        out += [vectors[b, :int(n)].float().numpy() for b, n in enumerate(batch["attention_mask"].sum(1))]
+        out += [vectors[b, : int(n)].float().numpy() for b, n in enumerate(batch["attention_mask"].sum(1))]
     return out
 
 
@@ -94,12 +95,24 @@ class MaxPoolClassifier(nn.Module):
 
 def _batches(n: int, size: int, rng: np.random.Generator | None):
     order = rng.permutation(n) if rng is not None else np.arange(n)
-    return [order[i:i + size] for i in range(0, n, size)]
+    return [order[i : i + size] for i in range(0, n, size)]
 
 
-def fit_classifier(embedder: CoVeEmbedder, tok: Tokenizer, train: Sequence[dict], valid: Sequence[dict],
-                   test: Sequence[dict], *, labels: Sequence[str], seed: int = 0, epochs: int = 4,
-                   batch_size: int = 64, lr: float = 1e-3, max_len: int = 40, d_hidden: int = 128) -> dict:
+def fit_classifier(
+    embedder: CoVeEmbedder,
+    tok: Tokenizer,
+    train: Sequence[dict],
+    valid: Sequence[dict],
+    test: Sequence[dict],
+    *,
+    labels: Sequence[str],
+    seed: int = 0,
+    epochs: int = 4,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    max_len: int = 40,
+    d_hidden: int = 128,
+) -> dict:
     """Train a ``MaxPoolClassifier`` on ``embedder``'s vectors of the rows' ``text`` (``label`` one of
     ``labels``); returns the held-out accuracy of the epoch best on ``valid``, measured on ``test``."""
     torch.manual_seed(seed)
@@ -115,8 +128,10 @@ def fit_classifier(embedder: CoVeEmbedder, tok: Tokenizer, train: Sequence[dict]
     def accuracy(rows) -> float:
         clf.eval()
         with torch.no_grad():
-            hits = sum(int((clf(x, m).argmax(-1) == y).sum()) for x, m, y in
-                       (inputs([rows[i] for i in b]) for b in _batches(len(rows), 256, None)))
+            hits = sum(
+                int((clf(x, m).argmax(-1) == y).sum())
+                for x, m, y in (inputs([rows[i] for i in b]) for b in _batches(len(rows), 256, None))
+            )
         return hits / max(len(rows), 1)
 
     best, best_state, curve = -math.inf, None, []

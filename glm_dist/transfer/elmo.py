@@ -11,6 +11,7 @@ one mix per place the task model takes it (its input, and its output for SNLI / 
 spelled from the text itself, so a word outside the vocabulary keeps its own characters (only its id
 is ``<unk>``). The task models that take these vectors are in ``elmo_task.py``.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -92,22 +93,23 @@ def encode(tok: Tokenizer, texts: Sequence[str | Sequence[str]]) -> tuple[dict[s
     mask = torch.zeros(len(texts), width, dtype=torch.long)
     for b, ws in enumerate(words):
         row = [bos] + [tok.token_to_id(w) if tok.token_to_id(w) is not None else unk for w in ws] + [eos]
-        ids[b, :len(row)] = torch.tensor(row)
+        ids[b, : len(row)] = torch.tensor(row)
         spelled = [mark_chars(BOS_CHAR)] + [word_chars(w) for w in ws] + [mark_chars(EOS_CHAR)]
-        chars[b, :len(row)] = torch.from_numpy(np.stack(spelled).astype(np.int64))
-        mask[b, :len(row)] = 1
+        chars[b, : len(row)] = torch.from_numpy(np.stack(spelled).astype(np.int64))
+        mask[b, : len(row)] = 1
     return {"input_ids": ids, "char_ids": chars, "attention_mask": mask}, words
 
 
 @torch.no_grad()
-def layer_features(bilm: nn.Module, tok: Tokenizer, texts: Sequence[str | Sequence[str]], *,
-                   batch_size: int = 32) -> list[np.ndarray]:
+def layer_features(
+    bilm: nn.Module, tok: Tokenizer, texts: Sequence[str | Sequence[str]], *, batch_size: int = 32
+) -> list[np.ndarray]:
     """Each text's biLM layers, (L + 1, words, 2 d_model) float32, without the sentence marks (the
     ``features`` of the elmo family: ``glm features`` and ``glm_dist.transfer.features``)."""
     embedder = ElmoEmbedder(bilm)
     features = []
     for start in range(0, len(texts), batch_size):
-        batch, words = encode(tok, texts[start:start + batch_size])
+        batch, words = encode(tok, texts[start : start + batch_size])
         layers = embedder.layers(batch["input_ids"], char_ids=batch["char_ids"], attention_mask=batch["attention_mask"])
-        features += [layers[:, b, 1:len(ws) + 1].float().numpy() for b, ws in enumerate(words)]
+        features += [layers[:, b, 1 : len(ws) + 1].float().numpy() for b, ws in enumerate(words)]
     return features

@@ -11,6 +11,7 @@ eval mode is a fixed function -- what a learning curve over many runs uses to sa
 
 ``fit`` trains with Adam for a number of updates, validating now and then and keeping the best weights.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,12 +38,23 @@ def task_vocabulary(rows: Sequence[dict], *, min_count: int = 1) -> dict[str, in
 
 
 class WordInContext(nn.Module):
-    def __init__(self, *, vocab_size: int, num_classes: int, d_embed: int = 64, d_hidden: int = 64,
-                 elmo: ElmoEmbedder | None = None, elmo_output: bool = False, dropout: float = 0.2):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        num_classes: int,
+        d_embed: int = 64,
+        d_hidden: int = 64,
+        elmo: ElmoEmbedder | None = None,
+        elmo_output: bool = False,
+        dropout: float = 0.2,
+    ):
         super().__init__()
         if elmo is not None and len(elmo.mixes) != 1 + elmo_output:
-            raise ValueError(f"the embedder has {len(elmo.mixes)} mixes; this model takes {1 + elmo_output} "
-                             f"(input{' and output' if elmo_output else ''})")
+            raise ValueError(
+                f"the embedder has {len(elmo.mixes)} mixes; this model takes {1 + elmo_output} "
+                f"(input{' and output' if elmo_output else ''})"
+            )
         if elmo is None and elmo_output:
             raise ValueError("elmo_output needs an ELMo embedder")
         d_elmo = 2 * elmo.bilm.cfg.d_model if elmo is not None else 0
@@ -52,8 +64,15 @@ class WordInContext(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.out = nn.Linear(2 * d_hidden + (d_elmo if elmo_output else 0), num_classes)
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, *,
-                bilm_inputs: dict[str, torch.Tensor] | None = None, layers: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        position: torch.Tensor,
+        *,
+        bilm_inputs: dict[str, torch.Tensor] | None = None,
+        layers: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """(B, T) task word ids, (B, T) mask of real words, (B,) the word to classify -> (B, classes) logits.
         With ELMo: ``bilm_inputs`` (``<bos> words <eos>``: ``elmo.encode``) or ``layers`` (L + 1, B, T, D)."""
         x = self.embed(ids)  # (B, T, d_embed)
@@ -61,7 +80,7 @@ class WordInContext(nn.Module):
         mixed = []
         if self.elmo is not None:
             if layers is None:
-                layers = self.elmo.layers(**bilm_inputs)[:, :, 1:ids.size(1) + 1]  # the words, not the marks
+                layers = self.elmo.layers(**bilm_inputs)[:, :, 1 : ids.size(1) + 1]  # the words, not the marks
             mixed = [mix(layers, mask) for mix in self.elmo.mixes]  # each (B, T, 2 d_model)
             x = torch.cat([x, mixed[0]], dim=-1)
         lengths = mask.sum(dim=1).cpu()
@@ -79,15 +98,19 @@ def collate(rows: Sequence[dict], vocab: dict[str, int], *, with_layers: bool) -
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for b, r in enumerate(rows):
-        ids[b, :len(r["words"])] = torch.tensor([vocab.get(w, UNK) for w in r["words"]])
-        mask[b, :len(r["words"])] = 1
-    batch = {"ids": ids, "mask": mask, "position": torch.tensor([r["position"] for r in rows]),
-             "labels": torch.tensor([r["label"] for r in rows])}
+        ids[b, : len(r["words"])] = torch.tensor([vocab.get(w, UNK) for w in r["words"]])
+        mask[b, : len(r["words"])] = 1
+    batch = {
+        "ids": ids,
+        "mask": mask,
+        "position": torch.tensor([r["position"] for r in rows]),
+        "labels": torch.tensor([r["label"] for r in rows]),
+    }
     if with_layers:
         first = rows[0]["layers"]
         layers = np.zeros((first.shape[0], len(rows), width, first.shape[-1]), dtype=np.float32)
         for b, r in enumerate(rows):
-            layers[:, b, :r["layers"].shape[1]] = r["layers"]
+            layers[:, b, : r["layers"].shape[1]] = r["layers"]
         batch["layers"] = torch.from_numpy(layers)
     return batch
 
@@ -101,14 +124,25 @@ def accuracy(model: WordInContext, rows: Sequence[dict], vocab: dict[str, int], 
     model.eval()
     right = 0
     for start in range(0, len(rows), batch_size):
-        batch = collate(rows[start:start + batch_size], vocab, with_layers=model.elmo is not None)
+        batch = collate(rows[start : start + batch_size], vocab, with_layers=model.elmo is not None)
         right += int((_logits(model, batch).argmax(-1) == batch["labels"]).sum())
     return right / len(rows)
 
 
-def fit(model: WordInContext, train: Sequence[dict], valid: Sequence[dict], vocab: dict[str, int], *,
-        seed: int, lr: float = 2e-3, batch_size: int = 32, min_steps: int = 600, min_epochs: int = 2,
-        max_epochs: int = 100, validations: int = 15) -> dict:
+def fit(
+    model: WordInContext,
+    train: Sequence[dict],
+    valid: Sequence[dict],
+    vocab: dict[str, int],
+    *,
+    seed: int,
+    lr: float = 2e-3,
+    batch_size: int = 32,
+    min_steps: int = 600,
+    min_epochs: int = 2,
+    max_epochs: int = 100,
+    validations: int = 15,
+) -> dict:
     """Adam for enough epochs to make ``min_steps`` updates (between ``min_epochs`` and ``max_epochs``),
     validating after every few epochs (about ``validations`` times in all); the model keeps the weights
     of its best validation."""
@@ -121,7 +155,7 @@ def fit(model: WordInContext, train: Sequence[dict], valid: Sequence[dict], voca
         model.train()
         order = rng.permutation(len(train))
         for start in range(0, len(train), batch_size):
-            rows = [train[i] for i in order[start:start + batch_size]]
+            rows = [train[i] for i in order[start : start + batch_size]]
             batch = collate(rows, vocab, with_layers=model.elmo is not None)
             loss = F.cross_entropy(_logits(model, batch), batch["labels"])
             opt.zero_grad(set_to_none=True)

@@ -1,6 +1,7 @@
 """A checkpoint's contextual features for raw texts (``glm features``): the family's own ``features``
 function (its registry row: ELMo's biLM layers) applied to each text, saved as ``.npz`` -- arrays
 ``"0"``, ``"1"``, ... in text order, each (layers, words, width) for ELMo."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,8 +36,9 @@ def read_texts(path: str, *, text_field: str = "text") -> list[str]:
         raise GlmError(f"{path}: not UTF-8 text ({err})") from None
 
 
-def export_features(checkpoint: str | Path, texts: Sequence[str], *, out: str | Path | None = None,
-                    batch_size: int = 32) -> list[np.ndarray]:
+def export_features(
+    checkpoint: str | Path, texts: Sequence[str], *, out: str | Path | None = None, batch_size: int = 32
+) -> list[np.ndarray]:
     """Each text's features as float32 arrays; with ``out`` also saved as ``.npz``."""
     from glm_dist.eval.run import load_checkpoint_model
     from glm_dist.families.registry import family, resolve
@@ -46,8 +48,10 @@ def export_features(checkpoint: str | Path, texts: Sequence[str], *, out: str | 
     model, meta = load_checkpoint_model(checkpoint)
     ref = family(meta["model_family"]).features
     if ref is None:
-        raise GlmError(f"checkpoint {checkpoint} is a {meta['model_family']} model, which exports no contextual "
-                       f"features (families with a features function in glm_dist/families/registry.py do)")
+        raise GlmError(
+            f"checkpoint {checkpoint} is a {meta['model_family']} model, which exports no contextual "
+            f"features (families with a features function in glm_dist/families/registry.py do)"
+        )
     tok = checkpoint_tokenizer(checkpoint)
     features = resolve(ref)(model, tok, list(texts), batch_size=batch_size)
     if out is not None:

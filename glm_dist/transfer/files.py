@@ -1,5 +1,6 @@
 """What ``glm finetune`` reads and writes, the same for every task kind: rows from JSONL or CSV, the
 held-out split, the checkpoint's special-token ids, and the fine-tuned weights with the result."""
+
 from __future__ import annotations
 
 import csv
@@ -39,8 +40,9 @@ def read_rows(path: str) -> list[dict]:
 def split_rows(rows: list[dict], per_mille: int) -> tuple[list[dict], list[dict]]:
     """Training and held-out rows: a row is held out by its content's hash (the same row always
     lands on the same side, whatever the file's order)."""
-    held = [int(hashlib.sha1(json.dumps(r, sort_keys=True).encode()).hexdigest()[:8], 16) % 1000 < per_mille
-            for r in rows]
+    held = [
+        int(hashlib.sha1(json.dumps(r, sort_keys=True).encode()).hexdigest()[:8], 16) % 1000 < per_mille for r in rows
+    ]
     return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
 
 
@@ -60,8 +62,10 @@ def write_output(out: str, model: torch.nn.Module, result: dict) -> None:
     tied weights stored once each name) and the result -- labels or tags included -- as
     ``finetune.json``."""
     Path(out).mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()},
-              str(Path(out, "model.safetensors")))
+    save_file(
+        {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()},
+        str(Path(out, "model.safetensors")),
+    )
     Path(out, "finetune.json").write_text(json.dumps(result, indent=2))
 
 

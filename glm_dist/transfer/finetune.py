@@ -13,6 +13,7 @@ kind trains through the one loop of ``transfer/loop.py`` with the tricks of ``tr
 (discriminative and slanted triangular rates, gradual unfreezing, adapters). The result is a dict
 (printed as JSON); ``--out`` writes the weights beside it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,8 +41,10 @@ def finetune(args: FinetuneArgs) -> dict:
     spec = family(name)
     if args.task not in spec.finetune:
         able = [f for f, s in FAMILIES.items() if args.task in s.finetune]
-        raise FinetuneError(f"glm finetune --task {args.task} takes {', '.join(able)} checkpoints; {args.checkpoint} "
-                            f"is a {name!r} checkpoint")
+        raise FinetuneError(
+            f"glm finetune --task {args.task} takes {', '.join(able)} checkpoints; {args.checkpoint} "
+            f"is a {name!r} checkpoint"
+        )
     if args.task != "seq2seq":  # seq2seq trains the whole model as loaded, its LM head included
         model = exported_module(name, model)
     if args.task in ("span", "tokens"):
@@ -51,7 +54,28 @@ def finetune(args: FinetuneArgs) -> dict:
     tok = checkpoint_tokenizer(args.checkpoint)
     ids = read_manifest_ids(tok, meta)
     if args.task == "seq2seq":
-        return finish(args, text_to_text(args, model, tok, *train_valid_rows(args), ids=ids,
-                                         start_role=spec.decoder_start, adapter_sites=spec.adapter_sites))
-    return finish(args, classify(args, model, tok, *train_valid_rows(args), pad_id=ids["pad"], pad_left=spec.pad_left,
-                                 position=spec.summary_position, adapter_sites=spec.adapter_sites))
+        return finish(
+            args,
+            text_to_text(
+                args,
+                model,
+                tok,
+                *train_valid_rows(args),
+                ids=ids,
+                start_role=spec.decoder_start,
+                adapter_sites=spec.adapter_sites,
+            ),
+        )
+    return finish(
+        args,
+        classify(
+            args,
+            model,
+            tok,
+            *train_valid_rows(args),
+            pad_id=ids["pad"],
+            pad_left=spec.pad_left,
+            position=spec.summary_position,
+            adapter_sites=spec.adapter_sites,
+        ),
+    )

@@ -8,6 +8,7 @@ is a linear warmup over ``--warmup`` of the steps, then linear decay to 0, or ``
 epoch, beside the majority baseline. It trains through ``glm finetune``'s one loop (``loop``);
 ``GPTTask`` is what differs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,19 +47,27 @@ def _label(row: dict, args: FinetuneArgs, labels: dict[str, int]) -> int:
     return labels[str(value)]
 
 
-def encode_rows(rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[str, int],
-                sp: SpecialTokens, max_len: int) -> tuple[list[list[list[int]]], torch.Tensor]:
+def encode_rows(
+    rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[str, int], sp: SpecialTokens, max_len: int
+) -> tuple[list[list[list[int]]], torch.Tensor]:
     """Rows -> each example's token sequences (the task's input transformation) and the labels."""
     fields = _fields(args)
     examples, targets = [], []
     for row in rows:
         missing = [f for f in fields if f not in row]
         if missing:
-            raise FinetuneError(f"row {str(row)[:200]} has no field {missing[0]!r}; set --text-field / "
-                                "--pair-field / --choices-field / --label-field")
+            raise FinetuneError(
+                f"row {str(row)[:200]} has no field {missing[0]!r}; set --text-field / "
+                "--pair-field / --choices-field / --label-field"
+            )
         enc = lambda text: tok.encode(str(text), add_special_tokens=False).ids  # noqa: E731
-        second = None if args.task == "classify" else [enc(c) for c in row[fields[1]]] \
-            if args.task == "multiple_choice" else enc(row[fields[1]])
+        second = (
+            None
+            if args.task == "classify"
+            else [enc(c) for c in row[fields[1]]]
+            if args.task == "multiple_choice"
+            else enc(row[fields[1]])
+        )
         examples.append(transform(args.task, enc(row[args.text_field]), second, sp, max_len))
         targets.append(_label(row, args, labels))
     return examples, torch.tensor(targets)
@@ -69,8 +78,8 @@ def accuracy(model, examples: list, labels: torch.Tensor, batch_size: int, devic
     model.eval()
     right = 0
     for i in range(0, len(examples), batch_size):
-        batch = {k: v.to(device) for k, v in pack(examples[i:i + batch_size]).items()}
-        right += int((model(**batch)["logits"].argmax(-1).cpu() == labels[i:i + batch_size]).sum())
+        batch = {k: v.to(device) for k, v in pack(examples[i : i + batch_size]).items()}
+        right += int((model(**batch)["logits"].argmax(-1).cpu() == labels[i : i + batch_size]).sum())
     model.train()
     return right / max(1, len(examples))
 
@@ -100,8 +109,10 @@ class GPTTask:
         return len(self.examples)
 
     def batch(self, rows: list[int], device: torch.device) -> Batch:
-        return {**{k: v.to(device) for k, v in pack([self.examples[j] for j in rows]).items()},
-                "labels": self.labels[rows].to(device)}
+        return {
+            **{k: v.to(device) for k, v in pack([self.examples[j] for j in rows]).items()},
+            "labels": self.labels[rows].to(device),
+        }
 
     def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -130,9 +141,23 @@ def finetune_gpt(args: FinetuneArgs, lm: torch.nn.Module, meta: dict) -> dict:
     device = next(model.parameters()).device
     history[-1]["train_accuracy"] = accuracy(model, train, y_train, args.batch_size, device)  # once: costly
     counts = torch.bincount(y_valid, minlength=len(labels))
-    return finish(args, {
-        "task": args.task, "labels": list(labels), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
-        "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
-        "valid_accuracy": history[-1]["valid_accuracy"], "history": history,
-        "settings": {**{k: getattr(args, k) for k in ("lr", "batch_size", "epochs", "warmup", "lm_weight", "dropout",
-                                                      "max_len")}, **settings}, "model": model})
+    return finish(
+        args,
+        {
+            "task": args.task,
+            "labels": list(labels),
+            "train_examples": len(train_rows),
+            "valid_examples": len(valid_rows),
+            "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
+            "valid_accuracy": history[-1]["valid_accuracy"],
+            "history": history,
+            "settings": {
+                **{
+                    k: getattr(args, k)
+                    for k in ("lr", "batch_size", "epochs", "warmup", "lm_weight", "dropout", "max_len")
+                },
+                **settings,
+            },
+            "model": model,
+        },
+    )

@@ -6,6 +6,7 @@ auxiliary objective, L3 = L2 + lambda * L1 (lambda = 0.5 in the paper). Similari
 orders' states before W_y; multiple choice scores every candidate with a one-column W_y and takes
 the softmax over candidates -- transformers' ``OpenAIGPTDoubleHeadsModel`` multiple-choice head.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -61,8 +62,9 @@ class GPTTransfer(nn.Module):
             x = layer(x)
         return self.lm.head.ln_f(x)
 
-    def forward(self, input_ids: torch.Tensor, extract: torch.Tensor, lengths: torch.Tensor,
-                choice_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, extract: torch.Tensor, lengths: torch.Tensor, choice_mask: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """(B, S, T) ids, (B, S) extract positions / lengths / real sequences -> ``logits`` (B, K)
         (K candidates for multiple choice) and ``lm_loss``, the mean next-token loss over every
         real token of every sequence (the auxiliary L1)."""

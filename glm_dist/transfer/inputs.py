@@ -12,6 +12,7 @@ fine-tuning, ``heads.add_token_embeddings``):
 An example is a list of sequences; ``pack`` pads a batch of examples to (B, S, T) tensors with the
 extract position of each sequence.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def _fit(a: list[int], b: list[int], room: int) -> tuple[list[int], list[int]]:
 
 
 def classification(text: list[int], sp: SpecialTokens, max_len: int) -> list[list[int]]:
-    return [[sp.start, *text[:max_len - 2], sp.extract]]
+    return [[sp.start, *text[: max_len - 2], sp.extract]]
 
 
 def entailment(premise: list[int], hypothesis: list[int], sp: SpecialTokens, max_len: int) -> list[list[int]]:
@@ -82,7 +83,7 @@ def pack(examples: list[list[list[int]]], pad_id: int = 0) -> dict[str, torch.Te
     lengths = torch.ones(len(examples), S, dtype=torch.long)
     for b, example in enumerate(examples):
         for s, seq in enumerate(example):
-            ids[b, s, :len(seq)] = torch.tensor(seq)
+            ids[b, s, : len(seq)] = torch.tensor(seq)
             lengths[b, s] = len(seq)
     mask = torch.tensor([[s < len(e) for s in range(S)] for e in examples])
     return {"input_ids": ids, "extract": lengths - 1, "lengths": lengths, "choice_mask": mask}

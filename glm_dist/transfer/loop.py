@@ -9,6 +9,7 @@ schedule over the steps actually taken), AdamW on the DeepSpeed engine (one proc
 ZeRO 0), one shuffle per epoch from ``--seed``, full batches only, and after every epoch a record
 of the last and the mean training loss beside the task's scores, read in evaluation mode.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -70,8 +71,7 @@ def prepare(task: FinetuneTask, args: FinetuneArgs) -> tuple[Tricks, list[dict]]
     """``args``' tricks applied to the task's model: adapters, layer groups, the first epoch's
     freezing; the tricks and the optimizer's parameter groups."""
     tricks = Tricks.from_args(args)
-    groups = tricks.prepare(task.model, task.backbone, task.head, adapter_sites=task.adapter_sites,
-                            weight_decay=0.01)
+    groups = tricks.prepare(task.model, task.backbone, task.head, adapter_sites=task.adapter_sites, weight_decay=0.01)
     return tricks, groups
 
 
@@ -87,8 +87,16 @@ def fit(task: FinetuneTask, args: FinetuneArgs, tricks: Tricks, groups: list[dic
     if n < args.batch_size:
         raise FinetuneError(f"--task {args.task}: {n} training rows are fewer than --batch-size {args.batch_size}")
     per_epoch = n // args.batch_size
-    cfg = load_config(None, [f"train.micro_batch_size={args.batch_size}", f"train.lr={args.lr}", *task.optimizer,
-                             "parallel.zero_stage=0", "train.precision=fp32"])
+    cfg = load_config(
+        None,
+        [
+            f"train.micro_batch_size={args.batch_size}",
+            f"train.lr={args.lr}",
+            *task.optimizer,
+            "parallel.zero_stage=0",
+            "train.precision=fp32",
+        ],
+    )
     engine = build_engine(task.model, build_optimizer(task.model, cfg.train, groups), cfg, dp_size=1)
     g, step, history = torch.Generator().manual_seed(args.seed), 0, []
     task.model.train()  # a loaded checkpoint's model comes in evaluation mode: dropout on from the first step
@@ -96,7 +104,7 @@ def fit(task: FinetuneTask, args: FinetuneArgs, tricks: Tricks, groups: list[dic
         tricks.start_epoch(epoch)
         order, losses = torch.randperm(n, generator=g).tolist(), []
         for i in range(0, per_epoch * args.batch_size, args.batch_size):
-            batch = task.batch(order[i:i + args.batch_size], engine.device)
+            batch = task.batch(order[i : i + args.batch_size], engine.device)
             set_lr(engine, tricks.lr(step, args.epochs * per_epoch, args.lr))
             loss = task.loss(engine, batch)
             engine.backward(loss)
@@ -104,7 +112,13 @@ def fit(task: FinetuneTask, args: FinetuneArgs, tricks: Tricks, groups: list[dic
             losses.append(loss.detach())
             step += 1
         task.model.eval()
-        history.append({"epoch": epoch + 1, "loss": losses[-1].item(), "train_loss": torch.stack(losses).mean().item(),
-                        **task.evaluate(engine)})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": losses[-1].item(),
+                "train_loss": torch.stack(losses).mean().item(),
+                **task.evaluate(engine),
+            }
+        )
         task.model.train()
     return history

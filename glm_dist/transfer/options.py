@@ -1,5 +1,6 @@
 """``glm finetune``'s options, one dataclass every task kind reads (its ``--recipe`` files set the same
 names, ``transfer/recipes``), and the error for rows or a checkpoint it cannot use."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

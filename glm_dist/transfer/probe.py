@@ -6,6 +6,7 @@ regression) trains with Adam on mini-batches, and the test accuracy reported is 
 with the best validation accuracy. ``allowed`` optionally restricts each item's choice to some
 classes (a supersense among its part of speech's, as word sense disambiguation knows the word).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,18 @@ def _scores(w: torch.nn.Linear, split: ProbeSplit, mean, std) -> torch.Tensor:
     return logits
 
 
-def linear_probe(train: ProbeSplit, valid: ProbeSplit, test: ProbeSplit, *, num_classes: int, seed: int,
-                 epochs: int = 20, lr: float = 1e-2, batch_size: int = 256, weight_decay: float = 1e-4) -> dict:
+def linear_probe(
+    train: ProbeSplit,
+    valid: ProbeSplit,
+    test: ProbeSplit,
+    *,
+    num_classes: int,
+    seed: int,
+    epochs: int = 20,
+    lr: float = 1e-2,
+    batch_size: int = 256,
+    weight_decay: float = 1e-4,
+) -> dict:
     """Validation and test accuracy of softmax regression on ``train`` (the best validation epoch's)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.from_numpy(train.x).float()
@@ -52,8 +63,11 @@ def linear_probe(train: ProbeSplit, valid: ProbeSplit, test: ProbeSplit, *, num_
     best = {"valid_accuracy": -1.0}
     for epoch in range(epochs):
         for idx in torch.randperm(len(y), generator=gen).split(batch_size):
-            part = ProbeSplit(train.x[idx.numpy()], train.y[idx.numpy()],
-                              None if train.allowed is None else train.allowed[idx.numpy()])
+            part = ProbeSplit(
+                train.x[idx.numpy()],
+                train.y[idx.numpy()],
+                None if train.allowed is None else train.allowed[idx.numpy()],
+            )
             loss = F.cross_entropy(_scores(w, part, mean, std), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()

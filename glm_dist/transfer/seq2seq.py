@@ -1,6 +1,7 @@
 """Text-to-text fine-tuning of T5 / BART (``--task seq2seq``): teacher-forced cross-entropy on the
 target tokens; held-out exact match (and the other text scores) of greedy generations after every
 epoch, and how many of them are answers the task has (its output space)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,32 +54,64 @@ class TextToText(TensorRows):
         return self.model
 
     def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
-        logits = engine(batch["input_ids"], batch["decoder_input_ids"],
-                        attention_mask=batch["attention_mask"])["logits"]
+        logits = engine(batch["input_ids"], batch["decoder_input_ids"], attention_mask=batch["attention_mask"])[
+            "logits"
+        ]
         return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
 
     def evaluate(self, engine: nn.Module) -> dict:
         config = GenerationConfig(max_new_tokens=self.valid["labels"].shape[1] + 2, eos_id=self.eos)
-        out = generate(self.model, self.valid["input_ids"], config, attention_mask=self.valid["attention_mask"],
-                       start_id=self.start)
+        out = generate(
+            self.model,
+            self.valid["input_ids"],
+            config,
+            attention_mask=self.valid["attention_mask"],
+            start_id=self.start,
+        )
         self.predictions = [self.tok.decode(row.tolist()).strip() for row in out[:, 1:]]
         return {f"valid_{k}": v for k, v in text_scores(self.predictions, self.targets).items()}
 
 
-def text_to_text(args: FinetuneArgs, model: nn.Module, tok: Tokenizer, train_rows: list[dict],
-                 valid_rows: list[dict], *, ids: dict, start_role: str, adapter_sites: tuple[str, ...]) -> dict:
+def text_to_text(
+    args: FinetuneArgs,
+    model: nn.Module,
+    tok: Tokenizer,
+    train_rows: list[dict],
+    valid_rows: list[dict],
+    *,
+    ids: dict,
+    start_role: str,
+    adapter_sites: tuple[str, ...],
+) -> dict:
     """Train ``model`` on the rows; the result without the checkpoint's name, the model under ``model``."""
     start = ids[start_role]
     train, valid = (encode_pairs(part, tok, args, pad_id=ids["pad"], start=start) for part in (train_rows, valid_rows))
-    task = TextToText(model, train, adapter_sites, valid=valid, tok=tok, start=start, eos=ids["eos"],
-                      targets=[str(r[args.label_field]).strip() for r in valid_rows])
+    task = TextToText(
+        model,
+        train,
+        adapter_sites,
+        valid=valid,
+        tok=tok,
+        start=start,
+        eos=ids["eos"],
+        targets=[str(r[args.label_field]).strip() for r in valid_rows],
+    )
     history, _ = finetune_task(task, args)
     predictions = task.predictions
     targets = [str(r[args.label_field]) for r in valid_rows]
     majority = max(targets.count(t) for t in set(targets)) / len(targets)
     answers = {str(r[args.label_field]).strip() for r in train_rows}  # the task's output space
-    return {"task": "seq2seq", "train_examples": len(train_rows), "valid_examples": len(valid_rows),
-            "majority_baseline": majority, **{k: v for k, v in history[-1].items() if k.startswith("valid_")},
-            "history": history, "valid_in_output_space": sum(p in answers for p in predictions) / len(predictions),
-            "examples": [{"input": r[args.text_field][:80], "target": r[args.label_field], "output": p}
-                         for r, p in zip(valid_rows[:3], predictions[:3])], "model": model}
+    return {
+        "task": "seq2seq",
+        "train_examples": len(train_rows),
+        "valid_examples": len(valid_rows),
+        "majority_baseline": majority,
+        **{k: v for k, v in history[-1].items() if k.startswith("valid_")},
+        "history": history,
+        "valid_in_output_space": sum(p in answers for p in predictions) / len(predictions),
+        "examples": [
+            {"input": r[args.text_field][:80], "target": r[args.label_field], "output": p}
+            for r, p in zip(valid_rows[:3], predictions[:3])
+        ],
+        "model": model,
+    }

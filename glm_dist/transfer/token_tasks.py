@@ -14,6 +14,7 @@ XLNet's inputs are padded on the left (its <cls> ends the sequence), the others'
 Both train through ``glm finetune``'s one loop (transfer/loop.py) with its tricks, the head as the top
 layer group; ``SpanTask`` and ``TaggingTask`` are what differs.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -34,8 +35,10 @@ from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
 MAX_ANSWER_TOKENS = 30
 # each task's fields when --text-field / --pair-field / --label-field are not given
-FIELDS = {"span": {"text_field": "context", "pair_field": "question", "label_field": "answers"},
-          "tokens": {"text_field": "tokens", "label_field": "tags"}}
+FIELDS = {
+    "span": {"text_field": "context", "pair_field": "question", "label_field": "answers"},
+    "tokens": {"text_field": "tokens", "label_field": "tags"},
+}
 
 
 def fields(args: FinetuneArgs) -> dict[str, str]:
@@ -47,14 +50,16 @@ def fields(args: FinetuneArgs) -> dict[str, str]:
 def pad(encodings: list[Encoding], pad_id: int, *, left: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
     """Input tensors of a batch of encodings, and each row's shift (left padding moves its tokens)."""
     width = max(len(e.ids) for e in encodings)
-    out = {k: torch.zeros(len(encodings), width, dtype=torch.long) for k in ("input_ids", "token_type_ids",
-                                                                            "attention_mask")}
+    out = {
+        k: torch.zeros(len(encodings), width, dtype=torch.long)
+        for k in ("input_ids", "token_type_ids", "attention_mask")
+    }
     out["input_ids"].fill_(pad_id)
     shifts = []
     for i, e in enumerate(encodings):
         at = width - len(e.ids) if left else 0
         for key, values in (("input_ids", e.ids), ("token_type_ids", e.type_ids), ("attention_mask", e.attention_mask)):
-            out[key][i, at:at + len(values)] = torch.tensor(values)
+            out[key][i, at : at + len(values)] = torch.tensor(values)
         shifts.append(at)
     return out, shifts
 
@@ -62,8 +67,11 @@ def pad(encodings: list[Encoding], pad_id: int, *, left: bool) -> tuple[dict[str
 def answer_tokens(enc: Encoding, start_char: int, end_char: int) -> tuple[int, int] | None:
     """First and last context tokens of the character span [start_char, end_char), None if the
     truncation cut any of it off."""
-    inside = [i for i, (seq, (a, b)) in enumerate(zip(enc.sequence_ids, enc.offsets))
-              if seq == 1 and b > start_char and a < end_char]
+    inside = [
+        i
+        for i, (seq, (a, b)) in enumerate(zip(enc.sequence_ids, enc.offsets))
+        if seq == 1 and b > start_char and a < end_char
+    ]
     if not inside or enc.offsets[inside[-1]][1] < end_char:
         return None
     return inside[0], inside[-1]
@@ -84,23 +92,30 @@ def span_data(rows: list[dict], tok: Tokenizer, f: dict, *, max_len: int, pad_id
         if found is not None:
             positions[i] = torch.tensor(found) + shift
         contexts.append({shift + j: off for j, (seq, off) in enumerate(zip(enc.sequence_ids, enc.offsets)) if seq == 1})
-    return {**data, "positions": positions, "contexts": contexts, "texts": [str(r[f["text_field"]]) for r in rows],
-            "golds": [list(r[f["label_field"]]["text"]) for r in rows]}
+    return {
+        **data,
+        "positions": positions,
+        "contexts": contexts,
+        "texts": [str(r[f["text_field"]]) for r in rows],
+        "golds": [list(r[f["label_field"]]["text"]) for r in rows],
+    }
 
 
 def best_span(start: torch.Tensor, end: torch.Tensor, offsets: dict[int, tuple[int, int]], text: str) -> str:
     """The context span i <= j < i + MAX_ANSWER_TOKENS with the highest start[i] + end[j]."""
     where = torch.tensor(sorted(offsets))
     scores = start[where, None] + end[None, where]  # (C, C)
-    span = torch.triu(torch.ones_like(scores, dtype=torch.bool)) & ~torch.triu(torch.ones_like(
-        scores, dtype=torch.bool), diagonal=MAX_ANSWER_TOKENS)
+    span = torch.triu(torch.ones_like(scores, dtype=torch.bool)) & ~torch.triu(
+        torch.ones_like(scores, dtype=torch.bool), diagonal=MAX_ANSWER_TOKENS
+    )
     best = int(scores.masked_fill(~span, float("-inf")).flatten().argmax())
     i, j = (int(where[k]) for k in divmod(best, len(where)))
-    return text[offsets[i][0]:offsets[j][1]].strip()
+    return text[offsets[i][0] : offsets[j][1]].strip()
 
 
-def token_data(rows: list[dict], tok: Tokenizer, f: dict, tags: dict[str, int], *, max_len: int, pad_id: int,
-               left: bool) -> dict:
+def token_data(
+    rows: list[dict], tok: Tokenizer, f: dict, tags: dict[str, int], *, max_len: int, pad_id: int, left: bool
+) -> dict:
     """Tensors of the rows; each word's first sub-token labelled with its tag (the rest -100)."""
     tok.no_padding()
     tok.enable_truncation(max_len)
@@ -125,9 +140,11 @@ def _inputs(part: dict) -> dict:
 def predict_spans(model: SpanExtractor, data: dict, batch_size: int) -> list[str]:
     device, out = next(model.parameters()).device, []
     for i in range(0, len(data["input_ids"]), batch_size):
-        start, end = model(**{k: v[i:i + batch_size].to(device) for k, v in _inputs(data).items()})
-        out += [best_span(s.float().cpu(), e.float().cpu(), data["contexts"][i + k], data["texts"][i + k])
-                for k, (s, e) in enumerate(zip(start, end))]
+        start, end = model(**{k: v[i : i + batch_size].to(device) for k, v in _inputs(data).items()})
+        out += [
+            best_span(s.float().cpu(), e.float().cpu(), data["contexts"][i + k], data["texts"][i + k])
+            for k, (s, e) in enumerate(zip(start, end))
+        ]
     return out
 
 
@@ -156,31 +173,53 @@ class SpanTask(TensorRows):
         return {f"valid_{k}": v for k, v in squad_scores(predictions, self.valid["golds"]).items()}
 
 
-def train_span(encoder: nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict],
-               args: FinetuneArgs, *, pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
+def train_span(
+    encoder: nn.Module,
+    tok: Tokenizer,
+    train_rows: list[dict],
+    valid_rows: list[dict],
+    args: FinetuneArgs,
+    *,
+    pad_id: int,
+    pad_left: bool,
+    adapter_sites: tuple[str, ...] = (),
+) -> dict:
     f = fields(args)
-    train, valid = (span_data(rows, tok, f, max_len=args.max_len, pad_id=pad_id, left=pad_left)
-                    for rows in (train_rows, valid_rows))
+    train, valid = (
+        span_data(rows, tok, f, max_len=args.max_len, pad_id=pad_id, left=pad_left) for rows in (train_rows, valid_rows)
+    )
     keep = (train["positions"] >= 0).all(1)  # answers the truncation cut off are not trained on
     train = {k: v[keep] for k, v in train.items() if isinstance(v, torch.Tensor)}
     model = SpanExtractor(encoder)
-    history, settings = finetune_task(SpanTask(model, train, adapter_sites, valid=valid, batch_size=args.batch_size),
-                                      args)
+    history, settings = finetune_task(
+        SpanTask(model, train, adapter_sites, valid=valid, batch_size=args.batch_size), args
+    )
     first_word = [t.split()[0] if t.split() else "" for t in valid["texts"]]
     longest = [max(t.split(), key=len) if t.split() else "" for t in valid["texts"]]
-    baselines = {f"{name}: {k}": v for name, guess in (("first word", first_word), ("longest word", longest))
-                 for k, v in squad_scores(guess, valid["golds"]).items()}
-    return {"task": "span", "train_examples": int(keep.sum()), "train_answers_cut_off": int((~keep).sum()),
-            "valid_examples": len(valid_rows), **history[-1], "baselines": baselines, "history": history,
-            "settings": settings, "model": model}
+    baselines = {
+        f"{name}: {k}": v
+        for name, guess in (("first word", first_word), ("longest word", longest))
+        for k, v in squad_scores(guess, valid["golds"]).items()
+    }
+    return {
+        "task": "span",
+        "train_examples": int(keep.sum()),
+        "train_answers_cut_off": int((~keep).sum()),
+        "valid_examples": len(valid_rows),
+        **history[-1],
+        "baselines": baselines,
+        "history": history,
+        "settings": settings,
+        "model": model,
+    }
 
 
 @torch.no_grad()
 def token_accuracy(model: TokenClassifier, data: dict, batch_size: int) -> float:
     device, right, total = next(model.parameters()).device, 0, 0
     for i in range(0, len(data["input_ids"]), batch_size):
-        logits = model(**{k: v[i:i + batch_size].to(device) for k, v in _inputs(data).items()})
-        labels = data["labels"][i:i + batch_size].to(device)
+        logits = model(**{k: v[i : i + batch_size].to(device) for k, v in _inputs(data).items()})
+        labels = data["labels"][i : i + batch_size].to(device)
         scored = labels != IGNORE_INDEX
         right += int((logits.argmax(-1)[scored] == labels[scored]).sum())
         total += int(scored.sum())
@@ -203,54 +242,93 @@ class TaggingTask(TensorRows):
         return self.model.classifier
 
     def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
-        return F.cross_entropy(engine(**_inputs(batch)).float().flatten(0, 1), batch["labels"].flatten(),
-                               ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(
+            engine(**_inputs(batch)).float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
+        )
 
     def evaluate(self, engine: nn.Module) -> dict:
         return {"valid_accuracy": token_accuracy(self.model, self.valid, self.batch_size)}
 
 
-def train_tokens(encoder: nn.Module, tok: Tokenizer, train_rows: list[dict], valid_rows: list[dict],
-                 args: FinetuneArgs, *, pad_id: int, pad_left: bool, adapter_sites: tuple[str, ...] = ()) -> dict:
+def train_tokens(
+    encoder: nn.Module,
+    tok: Tokenizer,
+    train_rows: list[dict],
+    valid_rows: list[dict],
+    args: FinetuneArgs,
+    *,
+    pad_id: int,
+    pad_left: bool,
+    adapter_sites: tuple[str, ...] = (),
+) -> dict:
     f = fields(args)
     counts = Counter(str(t) for r in train_rows for t in r[f["label_field"]] if t is not None)
     tags = {t: i for i, t in enumerate(sorted(counts))}
-    train, valid = (token_data(rows, tok, f, tags, max_len=args.max_len, pad_id=pad_id, left=pad_left)
-                    for rows in (train_rows, valid_rows))
+    train, valid = (
+        token_data(rows, tok, f, tags, max_len=args.max_len, pad_id=pad_id, left=pad_left)
+        for rows in (train_rows, valid_rows)
+    )
     model = TokenClassifier(encoder, len(tags))
-    history, settings = finetune_task(TaggingTask(model, train, adapter_sites, valid=valid, batch_size=args.batch_size),
-                                      args)
+    history, settings = finetune_task(
+        TaggingTask(model, train, adapter_sites, valid=valid, batch_size=args.batch_size), args
+    )
     majority = tags[counts.most_common(1)[0][0]]
     scored = valid["labels"] != IGNORE_INDEX
-    return {"task": "tokens", "tags": list(tags), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
-            "valid_words": int(scored.sum()), **history[-1],
-            "majority_baseline": float((valid["labels"][scored] == majority).float().mean()),
-            "history": history, "settings": settings, "model": model}
+    return {
+        "task": "tokens",
+        "tags": list(tags),
+        "train_examples": len(train_rows),
+        "valid_examples": len(valid_rows),
+        "valid_words": int(scored.sum()),
+        **history[-1],
+        "majority_baseline": float((valid["labels"][scored] == majority).float().mean()),
+        "history": history,
+        "settings": settings,
+        "model": model,
+    }
 
 
 TRAINERS = {"span": train_span, "tokens": train_tokens}
 
 
-def finetune_token_level(args: FinetuneArgs, encoder: nn.Module, meta: dict, *, pad_left: bool,
-                         adapter_sites: tuple[str, ...] = ()) -> dict:
+def finetune_token_level(
+    args: FinetuneArgs, encoder: nn.Module, meta: dict, *, pad_left: bool, adapter_sites: tuple[str, ...] = ()
+) -> dict:
     """``glm finetune --task span|tokens`` on a loaded encoder."""
     tok = checkpoint_tokenizer(args.checkpoint)
     train_rows, valid_rows = train_valid_rows(args)
     _check_rows(train_rows + valid_rows, fields(args), args)
-    return finish(args, TRAINERS[args.task](encoder, tok, train_rows, valid_rows, args, adapter_sites=adapter_sites,
-                                            pad_id=read_manifest_ids(tok, meta)["pad"], pad_left=pad_left))
+    return finish(
+        args,
+        TRAINERS[args.task](
+            encoder,
+            tok,
+            train_rows,
+            valid_rows,
+            args,
+            adapter_sites=adapter_sites,
+            pad_id=read_manifest_ids(tok, meta)["pad"],
+            pad_left=pad_left,
+        ),
+    )
 
 
 def _check_rows(rows: list[dict], f: dict, args: FinetuneArgs) -> None:
     for row in rows:
         missing = [v for v in f.values() if v not in row]
         if missing:
-            raise FinetuneError(f"--task {args.task}: row {str(row)[:160]} has no field {missing[0]!r}; set "
-                                f"--text-field / --pair-field / --label-field")
+            raise FinetuneError(
+                f"--task {args.task}: row {str(row)[:160]} has no field {missing[0]!r}; set "
+                f"--text-field / --pair-field / --label-field"
+            )
         label = row[f["label_field"]]
         if args.task == "span" and not (isinstance(label, dict) and label.get("text") and label.get("answer_start")):
-            raise FinetuneError(f"--task span: row {row.get('id', str(row)[:80])}: {f['label_field']!r} must be "
-                                f"{{'text': [...], 'answer_start': [...]}} (SQuAD's format)")
+            raise FinetuneError(
+                f"--task span: row {row.get('id', str(row)[:80])}: {f['label_field']!r} must be "
+                f"{{'text': [...], 'answer_start': [...]}} (SQuAD's format)"
+            )
         if args.task == "tokens" and not (isinstance(label, list) and len(label) == len(row[f["text_field"]])):
-            raise FinetuneError(f"--task tokens: row {row.get('id', str(row)[:80])}: {f['label_field']!r} must list "
-                                f"one tag per word of {f['text_field']!r}")
+            raise FinetuneError(
+                f"--task tokens: row {row.get('id', str(row)[:80])}: {f['label_field']!r} must list "
+                f"one tag per word of {f['text_field']!r}"
+            )

@@ -21,6 +21,7 @@ the paper -- the adapters, the norms and the task head train.
 Layer groups and discriminative parameter groups live in ``train/layer_groups.py`` (``glm train`` reads
 them too); the schedules in ``train/schedule.py``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,8 +67,11 @@ def add_adapters(model: nn.Module, sites: tuple[str, ...], size: int) -> list[Ad
     weights keep their names). A module shared by several blocks (ALBERT) gets one adapter."""
     adapters, done = [], set()
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and id(module) not in done and any(
-                name == s or name.endswith("." + s) for s in sites):
+        if (
+            isinstance(module, nn.Linear)
+            and id(module) not in done
+            and any(name == s or name.endswith("." + s) for s in sites)
+        ):
             done.add(id(module))
             module.adapter = Adapter(module.out_features, size).to(module.weight.device)
             module.register_forward_hook(_adapt)
@@ -102,14 +106,23 @@ class Tricks:
             raise TrickError(f"--adapters {args.adapters}: a bottleneck size >= 1, or 0 for none")
         return cls(args.schedule, args.warmup, args.discriminative_lr, args.gradual_unfreezing, args.adapters)
 
-    def prepare(self, model: nn.Module, backbone: nn.Module, head: nn.Module | None, *,
-                adapter_sites: tuple[str, ...] = (), weight_decay: float) -> list[dict]:
+    def prepare(
+        self,
+        model: nn.Module,
+        backbone: nn.Module,
+        head: nn.Module | None,
+        *,
+        adapter_sites: tuple[str, ...] = (),
+        weight_decay: float,
+    ) -> list[dict]:
         """Adapters in ``backbone`` (the rest frozen but its norms), the layer groups of ``backbone``
         + ``head``, the first epoch's freezing; returns the optimizer's parameter groups."""
         if self.adapters:
             if not adapter_sites:
-                raise TrickError(f"--adapters sit in transformer blocks; {type(backbone).__name__} has none "
-                                 "(its family spec lists no adapter_sites)")
+                raise TrickError(
+                    f"--adapters sit in transformer blocks; {type(backbone).__name__} has none "
+                    "(its family spec lists no adapter_sites)"
+                )
             adapters = add_adapters(backbone, adapter_sites, self.adapters)
             keep = {id(p) for m in (*adapters, *(m for m in backbone.modules() if _is_norm(m))) for p in m.parameters()}
             for p in backbone.parameters():
@@ -117,11 +130,13 @@ class Tricks:
         self.groups = layer_groups(backbone, head)
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
         if self.discriminative_lr:
-            param_groups = discriminative_param_groups(self.groups, factor=self.discriminative_lr,
-                                                       weight_decay=weight_decay)
+            param_groups = discriminative_param_groups(
+                self.groups, factor=self.discriminative_lr, weight_decay=weight_decay
+            )
         else:
-            param_groups = discriminative_param_groups([[p for g in self.groups for p in g]], factor=1.0,
-                                                       weight_decay=weight_decay)
+            param_groups = discriminative_param_groups(
+                [[p for g in self.groups for p in g]], factor=1.0, weight_decay=weight_decay
+            )
         self.start_epoch(0)
         return param_groups
 
@@ -136,6 +151,10 @@ class Tricks:
         return warmup_linear(step, total, peak=peak, warmup=self.warmup)
 
     def describe(self) -> dict:
-        return {"schedule": self.schedule, "discriminative_lr": self.discriminative_lr,
-                "gradual_unfreezing": self.gradual_unfreezing, "adapters": self.adapters,
-                "layer_groups": len(self.groups)}
+        return {
+            "schedule": self.schedule,
+            "discriminative_lr": self.discriminative_lr,
+            "gradual_unfreezing": self.gradual_unfreezing,
+            "adapters": self.adapters,
+            "layer_groups": len(self.groups),
+        }

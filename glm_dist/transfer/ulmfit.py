@@ -17,6 +17,7 @@ Discriminative rates, slanted triangular rates and gradual unfreezing come from 
 layer groups are the LM's (embedding, each LSTM layer) and the head on top. It trains through
 ``glm finetune``'s one loop (transfer/loop.py); ``ConcatPoolTask`` is what differs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,8 +54,15 @@ class ConcatPoolClassifier(nn.Module):
         scale_dropouts(lm, drop_mult)
         p1, p2 = lm.cfg.output_dropout * drop_mult, 0.1 * drop_mult
         d = 3 * lm.cfg.d_model
-        self.head = nn.Sequential(nn.BatchNorm1d(d), nn.Dropout(p1), nn.Linear(d, hidden), nn.ReLU(),
-                                  nn.BatchNorm1d(hidden), nn.Dropout(p2), nn.Linear(hidden, num_labels))
+        self.head = nn.Sequential(
+            nn.BatchNorm1d(d),
+            nn.Dropout(p1),
+            nn.Linear(d, hidden),
+            nn.ReLU(),
+            nn.BatchNorm1d(hidden),
+            nn.Dropout(p2),
+            nn.Linear(hidden, num_labels),
+        )
 
     def read(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """BPT3C: (B, T) right-padded documents -> the last layer's dropped and raw outputs (B, T, d),
@@ -69,13 +77,15 @@ class ConcatPoolClassifier(nn.Module):
             if len(rows) == 0:
                 break
             width = int(span.max())
-            ids = input_ids[rows, start:start + width]
+            ids = input_ids[rows, start : start + width]
             output, raw_output, new = self.lm.encode(ids, span[rows], [(h[:, rows], c[:, rows]) for h, c in state])
             place = (0, 0, start, T - start - width)  # this window's positions; zero elsewhere (windows do not overlap)
             out = out.index_add(0, rows, F.pad(output, place))
             raw = raw.index_add(0, rows, F.pad(raw_output, place))
-            state = [(h.index_copy(1, rows, nh.detach()), c.index_copy(1, rows, nc.detach()))
-                     for (h, c), (nh, nc) in zip(state, new)]
+            state = [
+                (h.index_copy(1, rows, nh.detach()), c.index_copy(1, rows, nc.detach()))
+                for (h, c), (nh, nc) in zip(state, new)
+            ]
         return out, raw
 
     def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -91,19 +101,23 @@ class ConcatPoolClassifier(nn.Module):
     def loss(self, out: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
         cfg = self.lm.cfg
         return F.cross_entropy(out["logits"].float(), labels) + activation_penalties(
-            out["output"], out["raw_output"], out["real"], alpha=cfg.ar_alpha, beta=cfg.tar_beta)
+            out["output"], out["raw_output"], out["real"], alpha=cfg.ar_alpha, beta=cfg.tar_beta
+        )
 
 
-def encode_documents(rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[str, int], *,
-                     eos: int) -> tuple[list[list[int]], torch.Tensor]:
+def encode_documents(
+    rows: list[dict], tok: Tokenizer, args: FinetuneArgs, labels: dict[str, int], *, eos: int
+) -> tuple[list[list[int]], torch.Tensor]:
     """Rows -> token ids (the text, then <eos> as documents end in the LM's stream; at most
     ``max_len`` tokens) and label indices."""
     for row in rows:
         if args.text_field not in row or args.label_field not in row:
-            raise FinetuneError(f"row {str(row)[:200]} lacks {args.text_field!r} or {args.label_field!r}; set "
-                                "--text-field / --label-field")
+            raise FinetuneError(
+                f"row {str(row)[:200]} lacks {args.text_field!r} or {args.label_field!r}; set "
+                "--text-field / --label-field"
+            )
     enc = tok.encode_batch([str(r[args.text_field]) for r in rows], add_special_tokens=False)
-    docs = [(e.ids[:args.max_len - 1] + [eos]) for e in enc]
+    docs = [(e.ids[: args.max_len - 1] + [eos]) for e in enc]
     return docs, torch.tensor([labels[str(r[args.label_field])] for r in rows])
 
 
@@ -112,7 +126,7 @@ def pad(docs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
     lengths = torch.tensor([len(d) for d in docs])
     ids = torch.full((len(docs), int(lengths.max())), pad_id)
     for i, d in enumerate(docs):
-        ids[i, :len(d)] = torch.tensor(d)
+        ids[i, : len(d)] = torch.tensor(d)
     return ids, lengths
 
 
@@ -121,9 +135,10 @@ def accuracy(model, docs: list[list[int]], labels: torch.Tensor, batch_size: int
     model.eval()
     right = 0
     for i in range(0, len(docs), batch_size):
-        ids, lengths = pad(docs[i:i + batch_size], pad_id)
-        right += int((model(ids.to(device), lengths.to(device))["logits"].argmax(-1).cpu()
-                      == labels[i:i + batch_size]).sum())
+        ids, lengths = pad(docs[i : i + batch_size], pad_id)
+        right += int(
+            (model(ids.to(device), lengths.to(device))["logits"].argmax(-1).cpu() == labels[i : i + batch_size]).sum()
+        )
     model.train()
     return right / max(1, len(docs))
 
@@ -177,16 +192,35 @@ def finetune_ulmfit(args: FinetuneArgs, lm: AwdLstm, meta: dict) -> dict:
     model = ConcatPoolClassifier(lm, len(labels), bptt=args.bptt, drop_mult=args.drop_mult)
     history, settings = finetune_task(ConcatPoolTask(model, *train, valid, ids["pad"], args.batch_size), args)
     counts = torch.bincount(valid[1], minlength=len(labels))
-    return finish(args, {
-        "task": args.task, "labels": list(labels), "train_examples": len(train_rows), "valid_examples": len(valid_rows),
-        "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
-        "valid_accuracy": history[-1]["valid_accuracy"], "history": history,
-        "settings": {**{k: getattr(args, k) for k in ("lr", "batch_size", "epochs", "bptt", "max_len", "drop_mult")},
-                     **settings}, "model": model})
+    return finish(
+        args,
+        {
+            "task": args.task,
+            "labels": list(labels),
+            "train_examples": len(train_rows),
+            "valid_examples": len(valid_rows),
+            "majority_baseline": counts.max().item() / max(1, len(valid_rows)),
+            "valid_accuracy": history[-1]["valid_accuracy"],
+            "history": history,
+            "settings": {
+                **{k: getattr(args, k) for k in ("lr", "batch_size", "epochs", "bptt", "max_len", "drop_mult")},
+                **settings,
+            },
+            "model": model,
+        },
+    )
 
 
-def train_classifier(model: ConcatPoolClassifier, tricks: Tricks, groups: list[dict], args: FinetuneArgs,
-                     train: tuple, valid: tuple | None, *, pad_id: int) -> list[dict]:
+def train_classifier(
+    model: ConcatPoolClassifier,
+    tricks: Tricks,
+    groups: list[dict],
+    args: FinetuneArgs,
+    train: tuple,
+    valid: tuple | None,
+    *,
+    pad_id: int,
+) -> list[dict]:
     """``args.epochs`` epochs with tricks already prepared on ``model`` (bench/ulmfit_ablation.py);
     held-out accuracy after each (``valid`` None: none)."""
     return fit(ConcatPoolTask(model, *train, valid, pad_id, args.batch_size), args, tricks, groups)

@@ -3,6 +3,7 @@ WARC header line, decompression bombs, an HTTP server that never answers, a host
 resolve, and locations that are commands. Each test asserts the counter or message and the exit
 code, and the big-input runs assert the child's peak memory against a baseline run (a reader that
 buffered a 64 MB record would exceed the margin)."""
+
 from __future__ import annotations
 
 import base64
@@ -32,9 +33,11 @@ MARGIN_MB = 40  # peak memory allowed over the baseline run: well below one reco
 PROSE = "The committee met on Tuesday to review the proposal for the new library building. " * 3
 # The child runs the command and reports its peak memory: RUSAGE_CHILDREN of a fresh process
 # covers exactly that one command, whatever other tests ran before.
-MEASURE = ("import json, resource, subprocess, sys; r = subprocess.run(sys.argv[2:]).returncode; "
-           "open(sys.argv[1], 'w').write(json.dumps({'rc': r, "
-           "'mb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))")
+MEASURE = (
+    "import json, resource, subprocess, sys; r = subprocess.run(sys.argv[2:]).returncode; "
+    "open(sys.argv[1], 'w').write(json.dumps({'rc': r, "
+    "'mb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))"
+)
 
 
 class Run:
@@ -46,8 +49,14 @@ def glm(args: list[str], tmp: Path, timeout: int = 120) -> Run:
     report, err = tmp / f"rusage-{time.monotonic_ns()}.json", tmp / f"stderr-{time.monotonic_ns()}.txt"
     start = time.monotonic()
     with open(err, "w") as stderr:
-        subprocess.run([sys.executable, "-c", MEASURE, str(report), sys.executable, "-m", "glm_dist.cli", *args],
-                       cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL, stderr=stderr, timeout=timeout)
+        subprocess.run(
+            [sys.executable, "-c", MEASURE, str(report), sys.executable, "-m", "glm_dist.cli", *args],
+            cwd=ROOT,
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            timeout=timeout,
+        )
     seconds = time.monotonic() - start
     result = json.loads(report.read_text())
     return Run(result["rc"], result["mb"], seconds, err.read_text())
@@ -66,8 +75,10 @@ def warc_response(url: str, body: bytes, length: int | None = None) -> bytes:
     """A response record's header and HTTP head; the body follows when ``length`` is not given."""
     http = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n"
     size = len(http) + (len(body) if length is None else length)
-    head = (f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: {url}\r\n"
-            f"Content-Type: application/http; msgtype=response\r\nContent-Length: {size}\r\n\r\n").encode()
+    head = (
+        f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: {url}\r\n"
+        f"Content-Type: application/http; msgtype=response\r\nContent-Length: {size}\r\n\r\n"
+    ).encode()
     return head + http + (body + b"\r\n\r\n" if length is None else b"")
 
 
@@ -147,8 +158,19 @@ def test_oversized_records_in_every_reader_are_skipped_counted_and_never_buffere
 
 def test_tokenize_skips_and_counts_a_60mb_line_garbage_and_a_truncated_file_in_bounded_memory(tmp_path):
     def tokenize(source: str, out: str) -> Run:
-        return glm(["data", "tokenize", "-c", TOKENIZE, f"data.source={source}", f"data.shards_dir={out}",
-                    "data.vocab_size=300", "data.encode_workers=1"], tmp_path)
+        return glm(
+            [
+                "data",
+                "tokenize",
+                "-c",
+                TOKENIZE,
+                f"data.source={source}",
+                f"data.shards_dir={out}",
+                "data.vocab_size=300",
+                "data.encode_workers=1",
+            ],
+            tmp_path,
+        )
 
     normal = [f"{PROSE} number {i}" for i in range(20)]
     (tmp_path / "small").mkdir()
@@ -165,8 +187,11 @@ def test_tokenize_skips_and_counts_a_60mb_line_garbage_and_a_truncated_file_in_b
     run = tokenize(f"{tmp_path}/big/*.jsonl*", f"{tmp_path}/shards")
     assert run.rc == 0, run.stderr[-3000:]
     source = json.loads((tmp_path / "shards/manifest.json").read_text())["source"]
-    assert source["skipped"] == {"record_too_large": 1, "bad_jsonl_record": 2,
-                                 "truncated_or_corrupt_compressed_stream": 1}, source
+    assert source["skipped"] == {
+        "record_too_large": 1,
+        "bad_jsonl_record": 2,
+        "truncated_or_corrupt_compressed_stream": 1,
+    }, source
     assert 20 <= source["documents"] < 40  # every normal line, and the compressed ones before the cut
     assert run.peak_mb < base.peak_mb + MARGIN_MB, (run.peak_mb, base.peak_mb)
 
@@ -200,9 +225,21 @@ def test_a_silent_http_input_times_out_is_retried_and_counted(baseline, tmp_path
     url = f"http://127.0.0.1:{server.port}/crawl.jsonl"
     timeout_s, retries = 0.5, 1
     try:
-        run = glm(["data", "run", "-c", FINEWEB, f"input={url}", f"output={tmp_path}/out", *QUICK,
-                   f"reader.http_connect_timeout_s={timeout_s}", f"reader.http_read_timeout_s={timeout_s}",
-                   f"reader.http_retries={retries}"], tmp_path)
+        run = glm(
+            [
+                "data",
+                "run",
+                "-c",
+                FINEWEB,
+                f"input={url}",
+                f"output={tmp_path}/out",
+                *QUICK,
+                f"reader.http_connect_timeout_s={timeout_s}",
+                f"reader.http_read_timeout_s={timeout_s}",
+                f"reader.http_retries={retries}",
+            ],
+            tmp_path,
+        )
     finally:
         server.close()
     assert run.rc == 0, run.stderr[-3000:]
@@ -223,8 +260,9 @@ def test_an_unresolvable_input_host_stops_the_run_with_one_line(tmp_path):
     run = glm(["data", "run", "-c", FINEWEB, f"input={url}", f"output={tmp_path}/out", *QUICK], tmp_path)
     assert run.rc == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     lines = [line for line in run.stderr.splitlines() if url in line]
-    assert len(lines) == 1 and lines[0].startswith(f"glm data: error: input {url}: host 'nonexistent.invalid' "
-                                                   "does not resolve"), run.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        f"glm data: error: input {url}: host 'nonexistent.invalid' does not resolve"
+    ), run.stderr
     assert not (tmp_path / "out/documents").exists()
 
 
@@ -313,19 +351,42 @@ def test_open_url_names_an_unresolvable_host_at_once_without_retrying():
     assert time.monotonic() - start < 1.0  # the first backoff alone would take 1 s
 
 
-@pytest.mark.parametrize("url", ["data/docs.jsonl", "/abs/path/x.warc.gz", "", "embedded", "./a:b.txt",
-                                 "file:///tmp/x", "https://h.example/a.jsonl", "s3://bucket/k", "gs://b/k",
-                                 "gcs://b/k", "hf://datasets/org/name/x.parquet", "memory://x",
-                                 "simplecache::s3://bucket/k", "filecache::https://h.example/shard.tar"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "data/docs.jsonl",
+        "/abs/path/x.warc.gz",
+        "",
+        "embedded",
+        "./a:b.txt",
+        "file:///tmp/x",
+        "https://h.example/a.jsonl",
+        "s3://bucket/k",
+        "gs://b/k",
+        "gcs://b/k",
+        "hf://datasets/org/name/x.parquet",
+        "memory://x",
+        "simplecache::s3://bucket/k",
+        "filecache::https://h.example/shard.tar",
+    ],
+)
 def test_check_scheme_allows_paths_and_storage_urls(url):
     check_scheme(url, "data.source")
 
 
-@pytest.mark.parametrize("url,said", [
-    ("pipe:cat x", "'pipe:' runs a shell command"), ("pipe:touch X;cat s", "'pipe:' runs a shell command"),
-    ("simplecache::pipe:cat s", "'pipe:' runs a shell command"), ("PIPE:cat s", "'pipe:' runs a shell command"),
-    ("ssh://host/x", "scheme 'ssh:' is not allowed"), ("reference::s3://b/k", "scheme 'reference:' is not allowed"),
-    ("simplecache::ftp://h/x", "scheme 'ftp:' is not allowed"), ("simplecache://x", "scheme 'simplecache:'")])
+@pytest.mark.parametrize(
+    "url,said",
+    [
+        ("pipe:cat x", "'pipe:' runs a shell command"),
+        ("pipe:touch X;cat s", "'pipe:' runs a shell command"),
+        ("simplecache::pipe:cat s", "'pipe:' runs a shell command"),
+        ("PIPE:cat s", "'pipe:' runs a shell command"),
+        ("ssh://host/x", "scheme 'ssh:' is not allowed"),
+        ("reference::s3://b/k", "scheme 'reference:' is not allowed"),
+        ("simplecache::ftp://h/x", "scheme 'ftp:' is not allowed"),
+        ("simplecache://x", "scheme 'simplecache:'"),
+    ],
+)
 def test_check_scheme_refuses_commands_and_other_protocols_in_one_line(url, said):
     with pytest.raises(ValueError) as err:
         check_scheme(url, "data.shards_dir")
@@ -361,12 +422,18 @@ def test_parquet_rows_and_row_groups_are_bounded_from_the_metadata_before_decodi
     rows = [PROSE, big, PROSE + " two", big + "x", PROSE + " three"]
     pq.write_table(table(rows), tmp_path / "rows.parquet", row_group_size=5)
     pq.write_table(table([PROSE] + [big + str(i) for i in range(8)]), tmp_path / "group.parquet")  # 128 MiB group
-    pq.write_table(table(["a" * (20 << 20) + str(i) for i in range(10)]), tmp_path / "bomb.parquet",
-                   compression="zstd")  # 200 MiB that zstd packs into kilobytes
+    pq.write_table(
+        table(["a" * (20 << 20) + str(i) for i in range(10)]), tmp_path / "bomb.parquet", compression="zstd"
+    )  # 200 MiB that zstd packs into kilobytes
     files = [str(tmp_path / f"{n}.parquet") for n in ("rows", "group", "bomb")]
     report = tmp_path / "rusage.json"  # the child's peak, measured by a small parent (not this big one)
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(report), sys.executable, "-c", PARQUET_CHILD, *files],
-                          capture_output=True, text=True, env=clean_env(threads=1), cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(report), sys.executable, "-c", PARQUET_CHILD, *files],
+        capture_output=True,
+        text=True,
+        env=clean_env(threads=1),
+        cwd=ROOT,
+    )
     assert proc.returncode == 0 and json.loads(report.read_text())["rc"] == 0, proc.stderr[-3000:]
     out, peak_mb = json.loads(proc.stdout), json.loads(report.read_text())["mb"]
     assert out["rows.parquet"]["ids"] == ["r0", "r2", "r4"]  # ids of the kept rows are their own

@@ -1,6 +1,7 @@
 """Fault injection on checkpoints and runs: crafted pickles, corrupt and truncated files, a roll-back
 followed by auto-resume, unreadable shards, a crash mid-append, a full disk, a rank that hangs and a
 rank killed mid-step. Every test asserts the message and the exit code, not just a failure."""
+
 from __future__ import annotations
 
 import hashlib
@@ -42,9 +43,11 @@ def copy_run(run: Path, dest: Path) -> Path:
 def refresh_meta(ckpt: Path) -> None:
     """Make meta.json agree with the files again, as whoever edits a checkpoint folder can."""
     meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"] = {str(p.relative_to(ckpt)): {"size": p.stat().st_size,
-                                                 "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-                     for p in sorted(ckpt.rglob("*")) if p.is_file() and p.name != "meta.json"}
+    meta["files"] = {
+        str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != "meta.json"
+    }
     (ckpt / "meta.json").write_text(json.dumps(meta))
 
 
@@ -63,8 +66,11 @@ def plant(path: Path, marker: Path) -> None:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("kind", ["fp32", "exp_avg"])
@@ -79,13 +85,16 @@ def test_crafted_pickle_in_a_checkpoint_file_is_refused_and_never_runs(kind, run
     refresh_meta(ckpt)
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": f"text {i}", "label": str(i % 2)}) + "\n" for i in range(8)))
-    commands = {"resume": args(shards_dir, run, "train.max_steps=6", "parallel.zero_stage=1"),
-                "resume on another layout": args(shards_dir, run, "train.max_steps=6", "parallel.zero_stage=0"),
-                "eval": ["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint", str(ckpt)],
-                "export-hf": ["export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")],
-                "finetune": ["finetune", "--checkpoint", str(ckpt), "--train", str(rows)]}
-    wanted = {"fp32": ["resume", "eval", "export-hf", "finetune"],
-              "exp_avg": ["resume", "resume on another layout"]}[kind]
+    commands = {
+        "resume": args(shards_dir, run, "train.max_steps=6", "parallel.zero_stage=1"),
+        "resume on another layout": args(shards_dir, run, "train.max_steps=6", "parallel.zero_stage=0"),
+        "eval": ["eval", "-c", TINY, *FAST, f"data.shards_dir={shards_dir}", "--checkpoint", str(ckpt)],
+        "export-hf": ["export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")],
+        "finetune": ["finetune", "--checkpoint", str(ckpt), "--train", str(rows)],
+    }
+    wanted = {"fp32": ["resume", "eval", "export-hf", "finetune"], "exp_avg": ["resume", "resume on another layout"]}[
+        kind
+    ]
     for name in wanted:
         proc = run_glm(commands[name], check=False)
         assert proc.returncode == 2, (name, proc.stderr[-3000:])
@@ -110,8 +119,16 @@ def test_roll_back_then_auto_resume_follows_the_new_lineage_and_skips_a_corrupt_
     assert proc.returncode == 2 and "holds newer checkpoints (step_00000004)" in proc.stderr
     assert "train.resume_overwrite=true" in proc.stderr and "Traceback" not in proc.stderr
 
-    run_glm(args(shards_dir, run, *common, f"train.resume={run / CKPT2}", "train.resume_overwrite=true",
-                 "train.stop_at_step=3"))
+    run_glm(
+        args(
+            shards_dir,
+            run,
+            *common,
+            f"train.resume={run / CKPT2}",
+            "train.resume_overwrite=true",
+            "train.stop_at_step=3",
+        )
+    )
     assert (run / "checkpoints/latest").read_text() == "step_00000003"
     assert not (run / CKPT4).exists() and list((run / "checkpoints/aside").glob("rolled-back-*/step_00000004"))
     # the newest save is now damaged, and a crash left half a row in metrics.jsonl
@@ -156,10 +173,12 @@ def test_every_shard_unreadable_is_one_line_with_the_count(shards_dir, tmp_path)
 
 
 def test_bad_config_values_are_refused_with_the_key(shards_dir, tmp_path):
-    for override, message in [("model.n_head=0", "model.n_head=0 must be >= 1"),
-                              ("model.d_model=-64", "model.d_model=-64 must be >= 1"),
-                              ("data.seq_len=-1", "data.seq_len=-1 must be >= 2"),
-                              ("model.n_layer=0", "model.n_layer=0 must be >= 1")]:
+    for override, message in [
+        ("model.n_head=0", "model.n_head=0 must be >= 1"),
+        ("model.d_model=-64", "model.d_model=-64 must be >= 1"),
+        ("data.seq_len=-1", "data.seq_len=-1 must be >= 2"),
+        ("model.n_layer=0", "model.n_layer=0 must be >= 1"),
+    ]:
         proc = run_glm(args(shards_dir, tmp_path / "run", override), check=False)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     binary = tmp_path / "binary.yaml"
@@ -173,8 +192,13 @@ def test_bad_config_values_are_refused_with_the_key(shards_dir, tmp_path):
 def _tmpfs(path: Path, size: str) -> bool:
     """Mount a tmpfs of ``size`` at ``path`` (root only, as CI runs)."""
     path.mkdir(parents=True)
-    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                                capture_output=True).returncode == 0
+    return (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_disk_full_during_a_save_keeps_the_last_checkpoint(run4, shards_dir, tmp_path):
@@ -183,8 +207,17 @@ def test_disk_full_during_a_save_keeps_the_last_checkpoint(run4, shards_dir, tmp
     if not _tmpfs(out, f"{int(size * 1.6) // 1024}k"):
         pytest.skip("needs root to mount a tmpfs (CI runs as root)")
     try:
-        proc = run_glm(args(shards_dir, out, "train.max_steps=4", "train.save_interval=2", "parallel.zero_stage=1",
-                            "train.keep_last=5"), check=False)
+        proc = run_glm(
+            args(
+                shards_dir,
+                out,
+                "train.max_steps=4",
+                "train.save_interval=2",
+                "parallel.zero_stage=1",
+                "train.keep_last=5",
+            ),
+            check=False,
+        )
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert "writing checkpoint step_00000004 failed on rank 0" in proc.stderr and "MiB free under" in proc.stderr
         assert "the newest complete checkpoint is still" in proc.stderr and "step_00000002" in proc.stderr
@@ -198,10 +231,25 @@ def test_disk_full_during_a_save_keeps_the_last_checkpoint(run4, shards_dir, tmp
 
 
 def _torchrun(argv: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "glm_dist.cli", *argv]
-    return subprocess.Popen(cmd, cwd=ROOT, env=clean_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "glm_dist.cli",
+        *argv,
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
@@ -250,8 +298,13 @@ def test_a_rank_that_hangs_is_named_by_the_others(shards_dir, tmp_path):
     proc = _torchrun(args(shards_dir, tmp_path, "train.max_steps=500", "parallel.collective_timeout_s=10"))
     workers, seen = [], []
     try:
-        assert _wait_for(lambda: (tmp_path / "metrics.jsonl").exists()
-                         and len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 3, 180)
+        assert _wait_for(
+            lambda: (
+                (tmp_path / "metrics.jsonl").exists()
+                and len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 3
+            ),
+            180,
+        )
         workers = list(_rank_pids(proc.pid).values())
         os.kill(_rank_pids(proc.pid)[1], signal.SIGSTOP)
         started = time.time()
@@ -277,8 +330,9 @@ def test_a_rank_killed_mid_step_resumes_on_the_uninterrupted_loss_curve(shards_d
     proc = _torchrun(args(shards_dir, broken, *common))
     workers = []
     try:
-        assert _wait_for(lambda: (broken / "checkpoints/step_00000003/meta.json").exists()
-                         and len(train_losses(broken)) >= 4, 240)
+        assert _wait_for(
+            lambda: (broken / "checkpoints/step_00000003/meta.json").exists() and len(train_losses(broken)) >= 4, 240
+        )
         workers = list(_rank_pids(proc.pid).values())
         os.kill(_rank_pids(proc.pid)[1], signal.SIGKILL)
         proc.communicate(timeout=120)
@@ -297,17 +351,28 @@ def test_tokenizing_killed_mid_shard_write_reruns_byte_identical(corpus, tmp_pat
     lines = gzip.open(corpus, "rt").read().splitlines()
     for i in range(4):  # four input files: four encoding tasks
         (src / f"part{i}.jsonl").write_text("\n".join(lines[i::4] * 3) + "\n")
-    cfg = ["-c", TINY, f"data.source={src}/*.jsonl", "data.vocab_size=2048", "data.shard_max_bytes=65536",
-           "data.encode_workers=1"]
+    cfg = [
+        "-c",
+        TINY,
+        f"data.source={src}/*.jsonl",
+        "data.vocab_size=2048",
+        "data.shard_max_bytes=65536",
+        "data.encode_workers=1",
+    ]
     run_glm(["data", "tokenize", *cfg, f"data.shards_dir={tmp_path / 'straight'}"])
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "glm_dist.cli", "data", "tokenize", *cfg,
-                             f"data.shards_dir={killed}"], cwd=ROOT, env=clean_env(2),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "glm_dist.cli", "data", "tokenize", *cfg, f"data.shards_dir={killed}"],
+        cwd=ROOT,
+        env=clean_env(2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         # Killed while a later task's shard is half written: its NAME.tmp.PID file is on disk.
-        assert _wait_for(lambda: (killed / ".tasks/00000.json").exists()
-                         and any(killed.glob("*-0000[1-3]-*.tar.tmp.*")), 180)
+        assert _wait_for(
+            lambda: (killed / ".tasks/00000.json").exists() and any(killed.glob("*-0000[1-3]-*.tar.tmp.*")), 180
+        )
         proc.kill()
         proc.wait(timeout=60)
     finally:
@@ -321,13 +386,14 @@ def test_tokenizing_killed_mid_shard_write_reruns_byte_identical(corpus, tmp_pat
 def test_credentials_in_urls_never_reach_meta_json_or_wandb(shards_dir, tmp_path):
     from glm_dist.observability.redact import redact
 
-    assert redact({"a": ["s3://bucket/x", "https://user:tok3n@host/p?sig=abc&part=2"]}) == \
-        {"a": ["s3://bucket/x", "https://REDACTED@host/p?sig=REDACTED&part=2"]}
+    assert redact({"a": ["s3://bucket/x", "https://user:tok3n@host/p?sig=abc&part=2"]}) == {
+        "a": ["s3://bucket/x", "https://REDACTED@host/p?sig=REDACTED&part=2"]
+    }
     secret = "https://al:hunter2@example.org/d?token=s3cr3t&shard=1"
     run_glm(args(shards_dir, tmp_path, "train.max_steps=2", "logging.wandb=true", f"logging.tags=['{secret}']"))
     meta = (tmp_path / "checkpoints/step_00000002/meta.json").read_text()
     assert "REDACTED@example.org" in meta and "shard=1" in meta
-    leaked = [p for p in tmp_path.rglob("*")
-              if p.is_file() and any(s in p.read_bytes() for s in (b"hunter2", b"s3cr3t"))]
+    leaked = [
+        p for p in tmp_path.rglob("*") if p.is_file() and any(s in p.read_bytes() for s in (b"hunter2", b"s3cr3t"))
+    ]
     assert not leaked, leaked
-

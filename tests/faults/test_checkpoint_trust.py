@@ -2,6 +2,7 @@
 configs and file names in meta.json, a FIFO where a file belongs, a save over another run's, rotation
 with a skewed clock, non-finite weights at a save, a checkpoint of another model family. Most tests
 call the loaders on small crafted files; the few that need ``glm`` share one tiny run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,9 +58,11 @@ def refresh_meta(ckpt: Path, **changes) -> None:
     """Make meta.json agree with the files again (and apply ``changes``), as whoever edits a
     checkpoint folder can."""
     meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"] = {str(p.relative_to(ckpt)): {"size": p.stat().st_size,
-                                                 "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-                     for p in sorted(ckpt.rglob("*")) if p.is_file() and p.name != "meta.json"}
+    meta["files"] = {
+        str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != "meta.json"
+    }
     meta.update(changes)
     (ckpt / "meta.json").write_text(json.dumps(meta))
 
@@ -69,16 +72,16 @@ def rewrite_header(path: Path, edit) -> None:
     every offset still means the same bytes)."""
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     edit(header)
     text = json.dumps(header, separators=(",", ":")).encode()
     assert len(text) <= n, "the edit must not lengthen the header"
-    path.write_bytes(data[:8] + text + b" " * (n - len(text)) + data[8 + n:])
+    path.write_bytes(data[:8] + text + b" " * (n - len(text)) + data[8 + n :])
 
 
 def header_of(path: Path) -> dict:
     data = path.read_bytes()
-    return json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])
+    return json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
 
 
 def tensors_by_offset(header: dict) -> list[str]:
@@ -91,9 +94,11 @@ def test_overlapping_gapped_or_out_of_file_offsets_are_refused(tmp_path):
     tensorfile.write(storage, "x.safetensors", [("a", torch.arange(4.0)), ("b", torch.arange(4.0) + 10)])
     path = tmp_path / "x.safetensors"
     good = path.read_bytes()
-    cases = {"overlapping": lambda h: h["b"].update(data_offsets=[8, 24]),  # b re-reads half of a, same length
-             "a gap": lambda h: (h["a"].update(data_offsets=[0, 8], shape=[2])),
-             "past the end": lambda h: h["b"].update(data_offsets=[32, 48])}
+    cases = {
+        "overlapping": lambda h: h["b"].update(data_offsets=[8, 24]),  # b re-reads half of a, same length
+        "a gap": lambda h: h["a"].update(data_offsets=[0, 8], shape=[2]),
+        "past the end": lambda h: h["b"].update(data_offsets=[32, 48]),
+    }
     for what, edit in cases.items():
         path.write_bytes(good)
         rewrite_header(path, edit)
@@ -104,11 +109,14 @@ def test_overlapping_gapped_or_out_of_file_offsets_are_refused(tmp_path):
         tensorfile.read_header(storage, "x.safetensors")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda h, k: h[k].update(dtype="I32"), "is I32, its index says fp32"),  # same bytes, other meaning
-    (lambda h, k: h[k].update(shape=[1, h[k]["shape"][0]]), "has shape"),  # same elements, another shape
-    (lambda h, k: h[k].update(shape=[-1, -h[k]["shape"][0]]), "is corrupt"),  # negative dims, positive product
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda h, k: h[k].update(dtype="I32"), "is I32, its index says fp32"),  # same bytes, other meaning
+        (lambda h, k: h[k].update(shape=[1, h[k]["shape"][0]]), "has shape"),  # same elements, another shape
+        (lambda h, k: h[k].update(shape=[-1, -h[k]["shape"][0]]), "is corrupt"),  # negative dims, positive product
+    ],
+)
 def test_a_shard_of_another_dtype_or_shape_than_its_index_says_is_refused(edit, message, ckpt):
     """The resume path's reader (``ShardIndex.read``) and consolidation refuse it before a byte
     of it lands in a weight."""
@@ -142,17 +150,20 @@ def test_an_index_claiming_more_elements_than_its_file_holds_allocates_nothing(c
 
 
 # -- 4: the model config read back from a checkpoint is checked like a user's ---------------------------------
-@pytest.mark.parametrize("field, value, message", [
-    ("n_layer", 10**12, "is not a gpt config field"),
-    ("d_model", 2**40, "is not a gpt config field"),
-    ("n_layer", 2000, "counts up to 1024"),
-    ("d_model", 65, "does not divide d_model=65"),
-    ("n_head", 0, "model.n_head=0 must be"),
-    ("vocab_size", "8192", "is not a gpt config field"),
-    ("dropout", float("inf"), "is not a gpt config field"),
-    ("layers", 4, "model_config.layers=4 is not a gpt config field"),
-    ("vocab_size", 2**23, "more than the largest the plan publishes"),  # 2^23 x 2^16 > GPT-3 175B
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("n_layer", 10**12, "is not a gpt config field"),
+        ("d_model", 2**40, "is not a gpt config field"),
+        ("n_layer", 2000, "counts up to 1024"),
+        ("d_model", 65, "does not divide d_model=65"),
+        ("n_head", 0, "model.n_head=0 must be"),
+        ("vocab_size", "8192", "is not a gpt config field"),
+        ("dropout", float("inf"), "is not a gpt config field"),
+        ("layers", 4, "model_config.layers=4 is not a gpt config field"),
+        ("vocab_size", 2**23, "more than the largest the plan publishes"),  # 2^23 x 2^16 > GPT-3 175B
+    ],
+)
 def test_a_crafted_model_config_in_meta_json_is_refused_before_anything_is_built(field, value, message, ckpt):
     meta = json.loads((ckpt / "meta.json").read_text())
     meta["model_config"][field] = value
@@ -342,8 +353,9 @@ def test_resuming_a_gpt2_checkpoint_as_gpt1_is_refused_naming_both(run2, shards_
     assert resumed.name == "step_00000002"  # regularisation may change on resume
 
     run = Path(shutil.copytree(run2, tmp_path / "run"))
-    proc = run_glm(args(shards_dir, run, "train.max_steps=4", "model.family=gpt1", "model.flavor=gpt1-tiny"),
-                   check=False)
+    proc = run_glm(
+        args(shards_dir, run, "train.max_steps=4", "model.family=gpt1", "model.flavor=gpt1-tiny"), check=False
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "written by a gpt model, this run's model.family is gpt1" in proc.stderr
 

@@ -1,6 +1,7 @@
 """Config values out of range and hostile YAML end in one line and exit 2 before anything runs
 (issue 29): every number of a training config or a crawl recipe has a row in the one table of
 ``glm_common/config_bounds.py``; YAML aliases and deep nesting are refused while parsing."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,15 @@ CASES = {
     "micro_batch": ["config", "show", "-c", TINY, f"train.micro_batch_size={10**12}"],
     "context": ["train", "-c", TINY, f"model.context_length={10**9}"],
     "read_retries": ["train", "-c", TINY, "data.read_retries=-1"],
-    "tokens": ["config", "show", "-c", TINY, "train.micro_batch_size=65536", "model.context_length=8192",
-               "data.seq_len=8192"],
+    "tokens": [
+        "config",
+        "show",
+        "-c",
+        TINY,
+        "train.micro_batch_size=65536",
+        "model.context_length=8192",
+        "data.seq_len=8192",
+    ],
     "http_retries": ["data", "run", "-c", FINEWEB, "reader.http_retries=-1"],
     "http_timeout": ["data", "run", "-c", FINEWEB, "reader.http_read_timeout_s=0"],
 }
@@ -56,8 +64,14 @@ def glm(tmp_path_factory):
     """name -> (exit code, stderr) of ``glm ARGV`` for each of CASES."""
     out = tmp_path_factory.mktemp("out")
     cases = {name: argv + ([f"output={out}"] if argv[0] == "data" else []) for name, argv in CASES.items()}
-    proc = subprocess.run([sys.executable, "-c", RUN_CASES, json.dumps(cases)], cwd=ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_CASES, json.dumps(cases)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -85,8 +99,9 @@ def _numeric_keys(cls: type, prefix: str = "") -> set[str]:
 def test_every_number_of_configs_and_recipes_has_one_row_in_the_table():
     config, recipe = _numeric_keys(Config), _numeric_keys(Recipe)
     assert not config & recipe
-    assert set(BOUNDS) == config | recipe, (f"no row: {sorted((config | recipe) - set(BOUNDS))}; "
-                                            f"no such key: {sorted(set(BOUNDS) - config - recipe)}")
+    assert set(BOUNDS) == config | recipe, (
+        f"no row: {sorted((config | recipe) - set(BOUNDS))}; no such key: {sorted(set(BOUNDS) - config - recipe)}"
+    )
 
 
 def test_the_defaults_and_every_shipped_config_and_recipe_are_in_range():
@@ -102,8 +117,9 @@ def test_the_defaults_and_every_shipped_config_and_recipe_are_in_range():
 
 
 def test_a_learning_rate_of_inf_or_nan_is_refused_with_the_fix(glm, tmp_path):
-    assert refused(glm, "lr_inf") == ("glm config: error: train.lr=inf must be a finite number > 0, e.g. 0.0006 "
-                                      "(<command line>)")
+    assert refused(glm, "lr_inf") == (
+        "glm config: error: train.lr=inf must be a finite number > 0, e.g. 0.0006 (<command line>)"
+    )
     (tmp_path / "nan.yaml").write_text(f"base: {TINY}\ntrain: {{lr: .nan}}\n")
     with pytest.raises(ConfigError, match=rf"^train.lr=nan must be a finite number > 0, e.g. 0.0006 \({tmp_path}"):
         load_config(tmp_path / "nan.yaml")
@@ -113,28 +129,39 @@ def test_a_learning_rate_of_inf_or_nan_is_refused_with_the_fix(glm, tmp_path):
 
 
 def test_sizes_no_machine_holds_are_refused_before_anything_is_allocated(glm):
-    assert refused(glm, "micro_batch") == (f"glm config: error: train.micro_batch_size={10**12} must be >= 1 and "
-                                           f"<= 65536, e.g. 8 (<command line>)")
-    assert refused(glm, "context") == (f"glm train: error: model.context_length={10**9} must be >= 1 and "
-                                       f"<= 16777216 (<command line>)")
-    assert refused(glm, "tokens").startswith("glm config: error: train.micro_batch_size=65536 x data.seq_len=8192 is "
-                                             "536870912 tokens per micro batch")
-    for key, value in [("model.d_model", 2**20), ("model.n_layer", 10**6), ("model.vocab_size", 10**9),
-                       ("data.seq_len", 10**9), ("eval.batch_size", 10**9)]:
+    assert refused(glm, "micro_batch") == (
+        f"glm config: error: train.micro_batch_size={10**12} must be >= 1 and <= 65536, e.g. 8 (<command line>)"
+    )
+    assert refused(glm, "context") == (
+        f"glm train: error: model.context_length={10**9} must be >= 1 and <= 16777216 (<command line>)"
+    )
+    assert refused(glm, "tokens").startswith(
+        "glm config: error: train.micro_batch_size=65536 x data.seq_len=8192 is 536870912 tokens per micro batch"
+    )
+    for key, value in [
+        ("model.d_model", 2**20),
+        ("model.n_layer", 10**6),
+        ("model.vocab_size", 10**9),
+        ("data.seq_len", 10**9),
+        ("eval.batch_size", 10**9),
+    ]:
         with pytest.raises(ConfigError, match=rf"^{key}={value} must be >= \d+ and <= \d+"):
             load_config(TINY, [f"{key}={value}"])
 
 
 def test_negative_retries_are_refused_for_training_data_and_crawl_inputs(glm):
-    assert refused(glm, "read_retries") == ("glm train: error: data.read_retries=-1 must be >= 0 and <= 10, e.g. 3 "
-                                            "(<command line>)")
-    assert refused(glm, "http_retries") == ("glm data: error: reader.http_retries=-1 must be >= 0 and <= 10, e.g. 3 "
-                                            "(<command line>)")
+    assert refused(glm, "read_retries") == (
+        "glm train: error: data.read_retries=-1 must be >= 0 and <= 10, e.g. 3 (<command line>)"
+    )
+    assert refused(glm, "http_retries") == (
+        "glm data: error: reader.http_retries=-1 must be >= 0 and <= 10, e.g. 3 (<command line>)"
+    )
 
 
 def test_a_crawl_read_timeout_of_zero_which_aiohttp_reads_as_none_is_refused(glm):
-    assert refused(glm, "http_timeout") == ("glm data: error: reader.http_read_timeout_s=0.0 must be > 0 and <= 3600, "
-                                            "e.g. 60 (<command line>)")
+    assert refused(glm, "http_timeout") == (
+        "glm data: error: reader.http_read_timeout_s=0.0 must be > 0 and <= 3600, e.g. 60 (<command line>)"
+    )
     with pytest.raises(ConfigError, match=r"^gopher_repetition.top_ngram_char_frac.2=1.5 must be >= 0 and <= 1"):
         load_recipe(FINEWEB, ["output=unused", "gopher_repetition.top_ngram_char_frac.2=1.5"])
 
@@ -154,11 +181,14 @@ def test_remote_reads_never_retry_for_ever_or_wait_without_a_timeout():
             open_url("http://example.invalid/x", **kw)
 
 
-LIST_BOMB = "\n".join(['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-                      + [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
-                      + ["logging: {tags: *i}"])  # 9**9 strings once expanded
-DICT_BOMB = "\n".join(["x0: &x0 {a: 1, b: 1}"] + [f"x{i}: &x{i} {{a: *x{i - 1}, b: *x{i - 1}}}" for i in range(1, 30)]
-                      + ["model: *x29"])  # 2**30 leaves
+LIST_BOMB = "\n".join(
+    ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    + [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    + ["logging: {tags: *i}"]
+)  # 9**9 strings once expanded
+DICT_BOMB = "\n".join(
+    ["x0: &x0 {a: 1, b: 1}"] + [f"x{i}: &x{i} {{a: *x{i - 1}, b: *x{i - 1}}}" for i in range(1, 30)] + ["model: *x29"]
+)  # 2**30 leaves
 
 
 @pytest.mark.parametrize("bomb", [LIST_BOMB, DICT_BOMB], ids=["list", "dict"])

@@ -3,6 +3,7 @@ ignores range requests, range reads that keep failing (training) or fail once (v
 Content-Length that runs over the next record, an input whose name tells no format, batch sizes and
 retry counts no loader can honour, and a manifest naming files outside its shard set. Each test fails
 without its fix; all but two (a ``glm train`` and a ``glm data index`` run) are in-process."""
+
 from __future__ import annotations
 
 import contextlib
@@ -102,8 +103,19 @@ def test_a_server_that_ignores_range_requests_stops_training_and_validation_read
 @pytest.mark.slow
 def test_glm_train_on_a_server_without_range_requests_exits_2_with_one_line_and_scores_nothing(shards_dir, tmp_path):
     with serve(shards_dir) as url:
-        proc = run_glm(["train", "-c", TINY, *FAST, f"data.shards_dir={url}", f"train.out_dir={tmp_path / 'run'}",
-                        "train.max_steps=2"], check=False, timeout=300)
+        proc = run_glm(
+            [
+                "train",
+                "-c",
+                TINY,
+                *FAST,
+                f"data.shards_dir={url}",
+                f"train.out_dir={tmp_path / 'run'}",
+                "train.max_steps=2",
+            ],
+            check=False,
+            timeout=300,
+        )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("glm train: error:")]
     assert len(errors) == 1 and url in errors[0] and "must support range requests" in errors[0], proc.stderr[-3000:]
@@ -155,8 +167,10 @@ def test_one_unreadable_shard_is_padded_counted_and_training_goes_on(shards_dir,
 def record(url: str, text: str) -> tuple[bytes, bytes]:
     """A response record's WARC header and its block (HTTP head and page)."""
     block = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n" + f"<p>{text}</p>".encode()
-    head = (f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: {url}\r\n"
-            f"Content-Type: application/http; msgtype=response\r\nContent-Length: {len(block)}\r\n\r\n").encode()
+    head = (
+        f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: {url}\r\n"
+        f"Content-Type: application/http; msgtype=response\r\nContent-Length: {len(block)}\r\n\r\n"
+    ).encode()
     return head, block
 
 
@@ -202,8 +216,10 @@ def test_a_warc_length_running_past_the_end_over_a_record_recovers_that_record(t
 def test_a_page_that_holds_a_whole_warc_file_is_one_page(tmp_path):
     archived = b"".join(WHOLE[:3])  # ends in CRLF CRLF: not records run over, content
     block = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n\r\n\r\n" + archived
-    head = (f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: https://archive.example/\r\n"
-            f"Content-Type: application/http; msgtype=response\r\nContent-Length: {len(block)}\r\n\r\n").encode()
+    head = (
+        f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: https://archive.example/\r\n"
+        f"Content-Type: application/http; msgtype=response\r\nContent-Length: {len(block)}\r\n\r\n"
+    ).encode()
     path = tmp_path / "nested.warc"
     path.write_bytes(head + block + b"\r\n\r\n" + WHOLE[3])
     stats = Stats()
@@ -232,9 +248,15 @@ def test_a_micro_batch_no_rank_can_build_is_refused_before_anything_is_allocated
         Loader(shards_dir, seq_len=64, micro_batch_size=0)
 
 
-@pytest.mark.parametrize("retries, backoff, said", [
-    (-1, 0.5, "data.read_retries=-1"), (2.5, 0.5, "data.read_retries=2.5"), (3, -1.0, "data.read_backoff_s=-1.0"),
-    (3, float("nan"), "data.read_backoff_s=nan")])
+@pytest.mark.parametrize(
+    "retries, backoff, said",
+    [
+        (-1, 0.5, "data.read_retries=-1"),
+        (2.5, 0.5, "data.read_retries=2.5"),
+        (3, -1.0, "data.read_backoff_s=-1.0"),
+        (3, float("nan"), "data.read_backoff_s=nan"),
+    ],
+)
 def test_read_retries_and_backoff_out_of_range_are_refused_in_one_line(shards_dir, retries, backoff, said):
     with pytest.raises(GlmError) as err:
         Loader(shards_dir, read_retries=retries, read_backoff_s=backoff, **KW).next_step()
@@ -268,8 +290,9 @@ def test_a_manifest_name_outside_the_shard_set_is_refused_and_nothing_is_written
     shutil.copy(root / read_manifest(str(root))["splits"]["train"][0]["name"], victim / "other.tar")
     if kind == "symlink":
         os.symlink(victim, root / "linked")
-    name = {"dot-dot": "../victim/other.tar", "absolute": str(victim / "other.tar"),
-            "symlink": "linked/other.tar"}[kind]
+    name = {"dot-dot": "../victim/other.tar", "absolute": str(victim / "other.tar"), "symlink": "linked/other.tar"}[
+        kind
+    ]
     _rename_first_shard(root, name)
     with pytest.raises(ShardSetError) as err:
         index_shard_set(str(root))
@@ -289,5 +312,6 @@ def test_glm_data_index_refuses_a_dot_dot_shard_name_with_one_line(shards_dir, t
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [
         f"glm data: error: {root}/manifest.json: name '../victim/other.tar' is not a file inside the shard set "
-        "(absolute, '..', a URL or empty); fix the manifest or rebuild the set with glm data tokenize"]
+        "(absolute, '..', a URL or empty); fix the manifest or rebuild the set with glm data tokenize"
+    ]
     assert list((tmp_path / "victim").iterdir()) == []

@@ -1,5 +1,6 @@
 """One writer per output folder, private crash files, and credentials kept out of every log, crash
 file, W&B summary and cache metadata (issue 29, second trial)."""
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,14 @@ with output_lock(sys.argv[1], command="glm train", key="train.out_dir"):
 
 
 def glm(*args: str, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "glm_dist.cli", *args], cwd=ROOT, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", *args],
+        cwd=ROOT,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def glm_lines(stderr: str) -> list[str]:
@@ -41,8 +48,9 @@ def glm_lines(stderr: str) -> list[str]:
 def holder(tmp_path):
     """A live process holding the lock of a folder (as a running ``glm train`` does)."""
     folder = tmp_path / "busy"
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, env=clean_env(),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     yield folder, proc
     proc.kill()
@@ -68,27 +76,45 @@ def test_a_second_glm_train_on_a_busy_out_dir_prints_one_line_and_exits_2(holder
     run = glm("train", "-c", TINY, *FAST, f"train.out_dir={folder}", "train.max_steps=1")
     assert run.returncode == 2, run.stderr[-3000:]
     lines = glm_lines(run.stderr)
-    assert len(lines) == 1 and lines[0].startswith(f"glm train: error: train.out_dir {folder} is in use by glm train "
-                                                   f"(pid {proc.pid} on this host, started "), run.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"glm train: error: train.out_dir {folder} is in use by glm train (pid {proc.pid} on this host, started "
+    ), run.stderr[-3000:]
     assert "Traceback" not in run.stderr and os.listdir(folder) == [outlock.LOCK_NAME]  # nothing written
     assert proc.poll() is None and json.loads((folder / outlock.LOCK_NAME).read_text())["pid"] == proc.pid
 
 
 def test_every_rank_of_a_refused_torchrun_exits_and_only_rank_0_says_why(holder):
     folder, _ = holder
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "glm_dist.cli",
-           "train", "-c", TINY, *FAST, f"train.out_dir={folder}", "train.max_steps=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "glm_dist.cli",
+        "train",
+        "-c",
+        TINY,
+        *FAST,
+        f"train.out_dir={folder}",
+        "train.max_steps=1",
+    ]
     run = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240)
     assert run.returncode != 0 and "exitcode  : 2" in run.stderr, run.stderr[-3000:]  # no rank hangs
     lines = [line for line in run.stderr.splitlines() if "glm train: error:" in line]
     assert len(lines) == 1 and f"train.out_dir {folder} is in use by glm train" in lines[0], run.stderr[-3000:]
 
 
-@pytest.mark.parametrize("argv", [
-    ["data", "run", "-c", "configs/data/fineweb.yaml", "output={folder}"],
-    ["data", "tokenize", "-c", TINY, "data.shards_dir={folder}"],
-    ["data", "index", "{folder}"],
-], ids=["run", "tokenize", "index"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["data", "run", "-c", "configs/data/fineweb.yaml", "output={folder}"],
+        ["data", "tokenize", "-c", TINY, "data.shards_dir={folder}"],
+        ["data", "index", "{folder}"],
+    ],
+    ids=["run", "tokenize", "index"],
+)
 def test_data_commands_refuse_an_output_folder_another_process_writes(holder, argv):
     folder, proc = holder
     run = glm(*[a.format(folder=folder) for a in argv])
@@ -105,8 +131,9 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_line_and_released_on
     run = glm("data", "index", str(folder))  # no manifest: fails after taking the lock
     assert run.returncode == 2, run.stderr[-3000:]
     lines = glm_lines(run.stderr)
-    assert lines[0].startswith(f"glm data index: taking over the lock of DIR {folder}: it was left by glm data index "
-                               f"(pid {pid} on this host") and lines[0].endswith("which is no longer running")
+    assert lines[0].startswith(
+        f"glm data index: taking over the lock of DIR {folder}: it was left by glm data index (pid {pid} on this host"
+    ) and lines[0].endswith("which is no longer running")
     assert lines[1].startswith("glm data: error: ") and len(lines) == 2
     assert not (folder / outlock.LOCK_NAME).exists()
 
@@ -120,8 +147,10 @@ def test_a_lock_whose_pid_was_reused_or_whose_host_restarted_is_stale_and_anothe
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not yet reaped
     while outlock._proc_stat(zombie.pid)[0] != "Z":
         time.sleep(0.05)
-    assert outlock.stale_reason({**me, "pid": zombie.pid, "pid_start": outlock._proc_stat(zombie.pid)[1]}) == \
-        "which is no longer running"
+    assert (
+        outlock.stale_reason({**me, "pid": zombie.pid, "pid_start": outlock._proc_stat(zombie.pid)[1]})
+        == "which is no longer running"
+    )
     zombie.wait()
     other = plant_lock(tmp_path / "run", host="node-elsewhere", pid=dead_pid())
     with pytest.raises(outlock.FolderLocked) as err:
@@ -132,19 +161,26 @@ def test_a_lock_whose_pid_was_reused_or_whose_host_restarted_is_stale_and_anothe
 def test_two_processes_racing_for_a_stale_lock_end_with_one_holder(tmp_path):
     folder = tmp_path / "run"
     plant_lock(folder, pid=dead_pid())
-    race = ("import sys, time\nfrom glm_common.outlock import acquire, FolderLocked\n"
-            "try:\n    acquire(sys.argv[1], command='glm train', key='k', announce=lambda s: None)\n"
-            "    print('got', flush=True); time.sleep(3)\nexcept FolderLocked:\n    print('refused', flush=True)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", race, str(folder)], cwd=ROOT, env=clean_env(),
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    race = (
+        "import sys, time\nfrom glm_common.outlock import acquire, FolderLocked\n"
+        "try:\n    acquire(sys.argv[1], command='glm train', key='k', announce=lambda s: None)\n"
+        "    print('got', flush=True); time.sleep(3)\nexcept FolderLocked:\n    print('refused', flush=True)\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", race, str(folder)], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert outcomes == ["got", "refused", "refused", "refused"]
 
 
 def test_the_lock_is_released_on_sigterm(tmp_path):
     folder = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, env=clean_env(),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held" and (folder / outlock.LOCK_NAME).exists()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == -signal.SIGTERM  # it still dies of the signal
@@ -175,8 +211,14 @@ sys.exit(cli.main(["config", "show"]))
 def crash(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
-    proc = subprocess.run([sys.executable, "-c", BUG, str(victim)], cwd=ROOT, env=clean_env() | env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", BUG, str(victim)],
+        cwd=ROOT,
+        env=clean_env() | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert victim.read_text() == "precious\n"
@@ -229,16 +271,32 @@ def test_credentials_are_redacted_in_the_crash_file_and_its_line(tmp_path):
 
 
 # -- credentials ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("raw, clean", [
-    ("https://alice:hunter2@host/p.tar", "https://REDACTED@host/p.tar"),
-    ("s3://AKIA:pa@ss@bucket/k", "s3://REDACTED@bucket/k"),
-    *[(f"https://host/p?x=1&{name}=hunter2#f", f"https://host/p?x=1&{name}=REDACTED#f")
-      for name in ("pwd", "passwd", "password", "secret", "key", "token", "auth", "sig", "api_key", "X-Amz-Signature")],
-    ("simplecache::https://u:hunter2@host/a?token=hunter2", "simplecache::https://REDACTED@host/a?token=REDACTED"),
-    ("Authorization: Bearer eyJhbGciOi.hunter2.sig", "Authorization: Bearer REDACTED"),
-    ('{"authorization": "Basic aHVudGVyMg=="}', '{"authorization": "Basic REDACTED"}'),
-    ("curl -H 'bearer hunter2hunter2'", "curl -H 'bearer REDACTED'"),
-])
+@pytest.mark.parametrize(
+    "raw, clean",
+    [
+        ("https://alice:hunter2@host/p.tar", "https://REDACTED@host/p.tar"),
+        ("s3://AKIA:pa@ss@bucket/k", "s3://REDACTED@bucket/k"),
+        *[
+            (f"https://host/p?x=1&{name}=hunter2#f", f"https://host/p?x=1&{name}=REDACTED#f")
+            for name in (
+                "pwd",
+                "passwd",
+                "password",
+                "secret",
+                "key",
+                "token",
+                "auth",
+                "sig",
+                "api_key",
+                "X-Amz-Signature",
+            )
+        ],
+        ("simplecache::https://u:hunter2@host/a?token=hunter2", "simplecache::https://REDACTED@host/a?token=REDACTED"),
+        ("Authorization: Bearer eyJhbGciOi.hunter2.sig", "Authorization: Bearer REDACTED"),
+        ('{"authorization": "Basic aHVudGVyMg=="}', '{"authorization": "Basic REDACTED"}'),
+        ("curl -H 'bearer hunter2hunter2'", "curl -H 'bearer REDACTED'"),
+    ],
+)
 def test_each_credential_form_is_redacted(raw, clean):
     from glm_dist.observability.redact import redact_text
 
@@ -248,12 +306,23 @@ def test_each_credential_form_is_redacted(raw, clean):
 def test_secret_named_keys_of_a_mapping_are_hidden_and_other_keys_kept():
     from glm_dist.observability.redact import redact
 
-    options = {"s3": {"key": "AKIA", "secret": "hunter2", "token": "t", "endpoint_url": "http://u:p@minio:9000"},
-               "headers": {"Authorization": "Bearer hunter2hunter2"}, "tokenizer": "gpt2", "stop_signals": ["SIGTERM"]}
-    assert redact(options) == {"s3": {"key": "REDACTED", "secret": "REDACTED", "token": "REDACTED",
-                                      "endpoint_url": "http://REDACTED@minio:9000"},
-                               "headers": {"Authorization": "REDACTED"}, "tokenizer": "gpt2",
-                               "stop_signals": ["SIGTERM"]}
+    options = {
+        "s3": {"key": "AKIA", "secret": "hunter2", "token": "t", "endpoint_url": "http://u:p@minio:9000"},
+        "headers": {"Authorization": "Bearer hunter2hunter2"},
+        "tokenizer": "gpt2",
+        "stop_signals": ["SIGTERM"],
+    }
+    assert redact(options) == {
+        "s3": {
+            "key": "REDACTED",
+            "secret": "REDACTED",
+            "token": "REDACTED",
+            "endpoint_url": "http://REDACTED@minio:9000",
+        },
+        "headers": {"Authorization": "REDACTED"},
+        "tokenizer": "gpt2",
+        "stop_signals": ["SIGTERM"],
+    }
 
 
 LOGS = r"""
@@ -271,8 +340,9 @@ sys.exit(cli.main(["config", "show"]))
 
 
 def test_log_records_warnings_and_error_lines_carry_no_credentials():
-    proc = subprocess.run([sys.executable, "-c", LOGS], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOGS], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     for secret in ("hunter2", "s3cr3t", "t0ken", "b3arerb3arer"):
         assert secret not in proc.stderr, proc.stderr

@@ -7,6 +7,7 @@ variants of them (a YAML that ``include:`` s a task's YAML and changes its decod
 ``scoring.py`` where a YAML names one of its functions (``!function scoring.<name>``), so
 ``--include-path DIR`` makes them lm-eval tasks (``glm eval --tasks pydoc_cloze --include-path DIR``).
 """
+
 from __future__ import annotations
 
 import shutil

@@ -1,6 +1,7 @@
 """Per-document scoring of the generated answers, for task YAMLs (``process_results: !function
 scoring.<name>``). ``glm data eval-tasks`` copies this file beside the YAMLs that name it: lm-eval
 imports a ``!function`` module from the YAML's own folder."""
+
 from __future__ import annotations
 
 from data_pipeline.tasks.answers import exact_match, f1

@@ -19,6 +19,7 @@ read in windows with the state carried (ULMFiT's BPT3C, ``glm_dist/transfer/ulmf
 The dropout values are those of the authors' code (salesforce/awd-lstm-lm ``main.py`` defaults:
 dropoute 0.1, dropouti 0.65, dropouth 0.3, dropout 0.4, wdrop 0.5; alpha 2, beta 1; bptt 70).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,10 @@ class AwdLstmConfig:
 
     def widths(self) -> list[tuple[int, int]]:
         """(input, output) width of each LSTM layer."""
-        return [(self.d_model if i == 0 else self.d_hidden, self.d_model if i == self.n_layer - 1 else self.d_hidden)
-                for i in range(self.n_layer)]
+        return [
+            (self.d_model if i == 0 else self.d_hidden, self.d_model if i == self.n_layer - 1 else self.d_hidden)
+            for i in range(self.n_layer)
+        ]
 
 
 # The AWD-LSTM paper's Penn Treebank model (table 1, "AWD-LSTM (tied)", 24M): three LSTMs of
@@ -59,9 +62,18 @@ class AwdLstmConfig:
 FLAVORS: dict[str, Flavor] = {
     "awd-lstm-tiny": Flavor(AwdLstmConfig(vocab_size=8192, d_model=32, d_hidden=128)),
     # the same without dropout: runs compared across layouts (each rank draws its own dropout masks)
-    "awd-lstm-tiny-plain": Flavor(AwdLstmConfig(vocab_size=8192, d_model=32, d_hidden=128, embed_dropout=0.0,
-                                                input_dropout=0.0, hidden_dropout=0.0, output_dropout=0.0,
-                                                weight_drop=0.0)),
+    "awd-lstm-tiny-plain": Flavor(
+        AwdLstmConfig(
+            vocab_size=8192,
+            d_model=32,
+            d_hidden=128,
+            embed_dropout=0.0,
+            input_dropout=0.0,
+            hidden_dropout=0.0,
+            output_dropout=0.0,
+            weight_drop=0.0,
+        )
+    ),
     "awd-lstm": Flavor(AwdLstmConfig(vocab_size=10_000), 24e6, 0.01, "the paper's Penn Treebank model (10k words)"),
 }
 
@@ -93,8 +105,9 @@ class AwdLstm(nn.Module):
         groups[-1].append(self.out_bias)
         return groups
 
-    def encode(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None,
-               state: list[State] | None = None) -> tuple[torch.Tensor, torch.Tensor, list[State]]:
+    def encode(
+        self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None, state: list[State] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[State]]:
         """(B, T) ids -> the last layer's dropped output and raw output, each (B, T, d_model) (zeros
         at padded positions), and each layer's final (h, c)."""
         x = self.input_drop(self.embed(input_ids))
@@ -106,14 +119,19 @@ class AwdLstm(nn.Module):
                 x = self.hidden_drop(x)
         return self.output_drop(x), x, new_state
 
-    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                state: list[State] | None = None) -> dict:
+    def forward(
+        self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None, state: list[State] | None = None
+    ) -> dict:
         """``logits`` (B, T, V) scoring token t + 1 at t, ``output`` (dropped) and ``raw_output``
         (B, T, d_model) of the last layer, and ``state`` (each layer's final (h, c))."""
         lengths = None if attention_mask is None else attention_mask.sum(dim=1)
         output, raw, new_state = self.encode(input_ids, lengths, state)
-        return {"logits": F.linear(output, self.embed.weight, self.out_bias), "output": output,
-                "raw_output": raw, "state": new_state}
+        return {
+            "logits": F.linear(output, self.embed.weight, self.out_bias),
+            "output": output,
+            "raw_output": raw,
+            "state": new_state,
+        }
 
     def num_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, 6 per weight use (forward + backward): the LSTMs and the output layer."""

@@ -4,6 +4,7 @@ Post-LN blocks with biases, learned positions with BART's offset of 2, LayerNorm
 of both stacks, GELU, embeddings tied with the output layer (plus a final logits bias). The decoder
 starts from EOS (BART's decoder_start_token_id) and reconstructs the original text.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,14 @@ class BartAttention(nn.Module):
         self.n_head, self.head_dim = cfg.n_head, cfg.d_model // cfg.n_head  # n_head: this rank's under TP
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(cfg.d_model, cfg.d_model) for _ in range(4))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, kv: torch.Tensor | None = None,
-                causal: bool = False, cache: dict | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: dict | None = None,
+    ) -> torch.Tensor:
         """``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
         B, T, _ = x.shape
         split = lambda t: t.view(B, -1, self.n_head, self.head_dim).transpose(1, 2)  # noqa: E731
@@ -86,8 +93,10 @@ class BartBlock(nn.Module):
 
 
 # tensor parallelism (parallel/tensor.py): heads of self- and cross-attention and the FFN width, both stacks
-TENSOR_PLANS = {BartAttention: ShardPlan(column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads="n_head"),
-                BartBlock: ShardPlan(column=("fc1",), row=("fc2",))}
+TENSOR_PLANS = {
+    BartAttention: ShardPlan(column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads="n_head"),
+    BartBlock: ShardPlan(column=("fc1",), row=("fc2",)),
+}
 
 
 class BartStack(nn.Module):
@@ -131,14 +140,16 @@ class Bart(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.encoder(self.shared(input_ids), _key_mask(attention_mask))
 
-    def decode(self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None,
-               cache: list[dict] | None = None) -> torch.Tensor:
+    def decode(
+        self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None, cache: list[dict] | None = None
+    ) -> torch.Tensor:
         """Decoder logits; with ``cache`` (one dict per block, filled in place) pass only new tokens."""
         h = self.decoder(self.shared(decoder_input_ids), _key_mask(decoder_mask), memory, _key_mask(memory_mask), cache)
         return self.lm_head(h) + self.final_logits_bias  # (B, T_dec, V)
 
-    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         return {"logits": self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)}
 
     def num_flops_per_token(self, seq_len: int) -> float:

@@ -14,6 +14,7 @@ differ in their embeddings and heads, which are data here:
 
 Every model is an ordered list of layers (embedding, blocks, head) for pipeline staging.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -88,8 +89,9 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.attn = attention or SelfAttention(cfg)
         self.ln_attn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = ffn or nn.ModuleDict({"fc": nn.Linear(cfg.d_model, cfg.d_ff),
-                                         "proj": nn.Linear(cfg.d_ff, cfg.d_model)})
+        self.ffn = ffn or nn.ModuleDict(
+            {"fc": nn.Linear(cfg.d_model, cfg.d_ff), "proj": nn.Linear(cfg.d_ff, cfg.d_model)}
+        )
         self.ln_ffn = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.act, self.drop = _act(cfg.activation), nn.Dropout(cfg.dropout)
 
@@ -99,8 +101,10 @@ class EncoderBlock(nn.Module):
 
 
 # tensor parallelism (parallel/tensor.py): heads and FFN width split; ALBERT's shared block is split once
-TENSOR_PLANS = {SelfAttention: ShardPlan(column=("query", "key", "value"), row=("dense",), heads="n_head"),
-                EncoderBlock: ShardPlan(column=("ffn.fc",), row=("ffn.proj",))}
+TENSOR_PLANS = {
+    SelfAttention: ShardPlan(column=("query", "key", "value"), row=("dense",), heads="n_head"),
+    EncoderBlock: ShardPlan(column=("ffn.fc",), row=("ffn.proj",)),
+}
 
 
 class EncoderEmbedding(nn.Module):
@@ -188,8 +192,14 @@ class Encoder(nn.Module):
         first = EncoderBlock(cfg)
         if cfg.share == "all":
             return [first] * cfg.n_layer
-        return [first] + [EncoderBlock(cfg, attention=first.attn if cfg.share == "attention" else None,
-                                       ffn=first.ffn if cfg.share == "ffn" else None) for _ in range(cfg.n_layer - 1)]
+        return [first] + [
+            EncoderBlock(
+                cfg,
+                attention=first.attn if cfg.share == "attention" else None,
+                ffn=first.ffn if cfg.share == "ffn" else None,
+            )
+            for _ in range(cfg.n_layer - 1)
+        ]
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -201,8 +211,12 @@ class Encoder(nn.Module):
     def layers(self) -> list[nn.Module]:
         return [self.embed, *self.blocks, self.head]
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         mask = None
         if attention_mask is not None:  # (B, T) 1 = token -> (B, 1, 1, T) boolean for SDPA
             mask = attention_mask.bool()[:, None, None, :]
@@ -242,12 +256,16 @@ FLAVORS: dict[str, Flavor] = {
     # The paper prints 235M; the released xxlarge (transformers' AlbertForPreTraining) has 223M,
     # which this count equals exactly.
     "albert-xxlarge": Flavor(_bert(12, 4096, 64, **ALBERT), 235e6, 0.06, "paper 235M; released 223M"),
-    "electra-tiny": Flavor(_bert(2, 128, 2, **{**ELECTRA, "generator_fraction": 0.5}, vocab_size=8192,
-                                 context_length=256)),
+    "electra-tiny": Flavor(
+        _bert(2, 128, 2, **{**ELECTRA, "generator_fraction": 0.5}, vocab_size=8192, context_length=256)
+    ),
     # 13.5M discriminator; the paper's 14M also counts the generator (embeddings shared).
-    "electra-small": Flavor(_bert(12, 256, 4, **{**ELECTRA, "generator_fraction": 0.25}, embedding_size=128,
-                                  context_length=512), 14e6, 0.04,
-                            "discriminator only; +0.6M generator"),
+    "electra-small": Flavor(
+        _bert(12, 256, 4, **{**ELECTRA, "generator_fraction": 0.25}, embedding_size=128, context_length=512),
+        14e6,
+        0.04,
+        "discriminator only; +0.6M generator",
+    ),
     "electra-base": Flavor(_bert(12, 768, 12, **ELECTRA), 110e6, 0.02),
     "electra-large": Flavor(_bert(24, 1024, 16, **ELECTRA), 335e6, 0.02),
 }
@@ -257,8 +275,10 @@ def pipeline_refusal(cfg: EncoderConfig) -> str | None:
     """Why an encoder cannot be cut into pipeline stages (None: it can): the stage layout is
     embedding, blocks, MLM transform, tied decoder -- unshared, unfactorised layers and an MLM head."""
     if cfg.share != "none" or cfg.head != "mlm" or cfg.emb != cfg.d_model:
-        return ("the encoder pipeline runs BERT/RoBERTa-style encoders with an MLM head and unshared, "
-                "unfactorised layers (not ALBERT's sharing or a factorised embedding, nor NSP/SOP heads)")
+        return (
+            "the encoder pipeline runs BERT/RoBERTa-style encoders with an MLM head and unshared, "
+            "unfactorised layers (not ALBERT's sharing or a factorised embedding, nor NSP/SOP heads)"
+        )
     return None
 
 
@@ -269,8 +289,9 @@ def generator_config(disc: EncoderConfig, *, fraction: float | None = None) -> E
     """ELECTRA's generator: the discriminator's depth and embedding, ``fraction`` of its width
     (1/4 small, 1/3 base/large), heads scaled to keep 64-dim heads."""
     d = int(disc.d_model * (fraction or disc.generator_fraction))
-    return replace(disc, d_model=d, d_ff=4 * d, n_head=max(1, d // 64), embedding_size=disc.emb, head="gen",
-                   generator_fraction=0.0)
+    return replace(
+        disc, d_model=d, d_ff=4 * d, n_head=max(1, d // 64), embedding_size=disc.emb, head="gen", generator_fraction=0.0
+    )
 
 
 class ElectraPair(nn.Module):
@@ -291,9 +312,14 @@ class ElectraPair(nn.Module):
     def layers(self) -> list[nn.Module]:
         return [self.generator, self.discriminator]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                masked_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         """``masked_positions`` (B, K), the loader's list of the masked positions (padded with
         position 0 where ``labels`` there is -100): only those rows of the logits are sampled, with no
         boolean indexing (no device-to-host sync); without it the positions come from ``labels``."""

@@ -5,6 +5,7 @@ Layer list: the embedding (tied), n_layer blocks, the MLM transform (dense, acti
 the decoder projection (tied to the word embedding) and the decoder bias. Between stages travel the
 hidden states and the (B, T) attention mask.
 """
+
 from __future__ import annotations
 
 import torch
@@ -83,11 +84,21 @@ def encoder_pipeline(model: Encoder, *, stages: int, loss_fn, **layout):
     refusal = pipeline_refusal(cfg)
     if refusal:
         raise ValueError(refusal)
-    specs = [TiedLayerSpec(TIED, EncoderEmbedding, cfg, forward_fn=_embed, tied_weight_attr=["word.weight"]),
-             *[LayerSpec(PipeEncoderBlock, cfg) for _ in range(cfg.n_layer)],
-             LayerSpec(MLMTransform, cfg),
-             TiedLayerSpec(TIED, TiedWord, cfg, forward_fn=_decode, tied_weight_attr=["word.weight"]),
-             LayerSpec(DecoderBias, cfg.vocab_size)]
-    return build_pipeline(model, specs, block=EncoderBlock, checkpointable="PipeEncoderBlock",
-                          rename=lambda key: encoder_source_name(key, cfg.n_layer), std=normal_init_std,
-                          stages=stages, loss_fn=loss_fn, **layout)
+    specs = [
+        TiedLayerSpec(TIED, EncoderEmbedding, cfg, forward_fn=_embed, tied_weight_attr=["word.weight"]),
+        *[LayerSpec(PipeEncoderBlock, cfg) for _ in range(cfg.n_layer)],
+        LayerSpec(MLMTransform, cfg),
+        TiedLayerSpec(TIED, TiedWord, cfg, forward_fn=_decode, tied_weight_attr=["word.weight"]),
+        LayerSpec(DecoderBias, cfg.vocab_size),
+    ]
+    return build_pipeline(
+        model,
+        specs,
+        block=EncoderBlock,
+        checkpointable="PipeEncoderBlock",
+        rename=lambda key: encoder_source_name(key, cfg.n_layer),
+        std=normal_init_std,
+        stages=stages,
+        loss_fn=loss_fn,
+        **layout,
+    )

@@ -23,6 +23,7 @@ other predicts the word after the current one (``future``: its state at t has re
 y_{t+1}). ``forward(..., mode="student")`` runs the shared decoder with the primary's attention
 outside the graph (input feeding takes its h~ as a constant) and returns both views' logits.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,10 +60,17 @@ class CoVeConfig:
 # GloVe table is a buffer, and the decoder is not part of CoVe. Vocabularies: GloVe 840B's 2,196,017
 # words; the target's 50,000 is OpenNMT-py's default (check against the authors' WMT training).
 FLAVORS: dict[str, Flavor] = {
-    "cove-tiny": Flavor(CoVeConfig(vocab_size=4096, target_vocab_size=8192, d_input=50, d_model=64, d_embed=64,
-                                   dropout=0.1, context_length=32)),
-    "cove": Flavor(CoVeConfig(vocab_size=2_196_021, target_vocab_size=50_004), 3.6096e6, 0.001,
-                   "the MT-LSTM encoder (decoder and GloVe table excluded)"),
+    "cove-tiny": Flavor(
+        CoVeConfig(
+            vocab_size=4096, target_vocab_size=8192, d_input=50, d_model=64, d_embed=64, dropout=0.1, context_length=32
+        )
+    ),
+    "cove": Flavor(
+        CoVeConfig(vocab_size=2_196_021, target_vocab_size=50_004),
+        3.6096e6,
+        0.001,
+        "the MT-LSTM encoder (decoder and GloVe table excluded)",
+    ),
 }
 
 
@@ -75,16 +83,20 @@ class CoVe(nn.Module):
         self.cfg = cfg
         d = 2 * cfg.d_model
         self.register_buffer("glove", torch.zeros(cfg.vocab_size, cfg.d_input))  # frozen inputs, saved
-        self.encoder = nn.ModuleList(LSTMLayer(cfg.d_input if i == 0 else d, cfg.d_model, bidirectional=True)
-                                     for i in range(cfg.n_layer))
+        self.encoder = nn.ModuleList(
+            LSTMLayer(cfg.d_input if i == 0 else d, cfg.d_model, bidirectional=True) for i in range(cfg.n_layer)
+        )
         self.target_embed = nn.Embedding(cfg.target_vocab_size, cfg.d_embed)
         self.decoder = AttentionLSTMDecoder(cfg.d_embed, d, d, num_layers=cfg.n_layer, dropout=cfg.dropout)
         self.out = nn.Linear(d, cfg.target_vocab_size)
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.cvt_decoders:
-            self.auxiliary = nn.ModuleDict({
-                "attention_dropout": AuxiliaryDecoder(d, cfg.target_vocab_size, cfg.cvt_attention_dropout),
-                "future": AuxiliaryDecoder(d, cfg.target_vocab_size)})
+            self.auxiliary = nn.ModuleDict(
+                {
+                    "attention_dropout": AuxiliaryDecoder(d, cfg.target_vocab_size, cfg.cvt_attention_dropout),
+                    "future": AuxiliaryDecoder(d, cfg.target_vocab_size),
+                }
+            )
         self.activation_checkpointing = False  # (not used: the recurrences dominate)
 
     def layers(self) -> list[nn.Module]:
@@ -92,8 +104,7 @@ class CoVe(nn.Module):
         the auxiliary decoders)."""
         return [*self.encoder, self.target_embed, self.decoder, self.out, *getattr(self, "auxiliary", {}).values()]
 
-    def encoder_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                       ) -> list[torch.Tensor]:
+    def encoder_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """[GloVe(x) (B, S, d_input), CoVe-L1 (B, S, 2 d_model), CoVe-L2, ...]: zeros at padding."""
         x = self.glove[input_ids]
         lengths = None if attention_mask is None else attention_mask.sum(dim=1)
@@ -107,13 +118,24 @@ class CoVe(nn.Module):
         """H: the top layer's states (B, S, 2 d_model)."""
         return self.encoder_states(input_ids, attention_mask)[-1]
 
-    def decode(self, tokens: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None,
-               cache: list[dict] | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        memory: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: list[dict] | None = None,
+    ) -> torch.Tensor:
         """Logits (B, T, V_target) of the tokens after ``tokens`` (B, T), teacher-forced."""
         return self.out(self.decoder(self.target_embed(tokens), memory, mask, cache))
 
-    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor, *,
-                attention_mask: torch.Tensor | None = None, mode: str = "primary") -> dict:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        decoder_input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        mode: str = "primary",
+    ) -> dict:
         """``primary``: ``logits`` (B, T, V) of the tokens after ``decoder_input_ids``; ``student``:
         ``auxiliary``, view -> (B, T, V) logits, where the ``future`` view's position t scores the
         token after the one the primary's position t scores."""
@@ -122,8 +144,9 @@ class CoVe(nn.Module):
             return {"logits": self.decode(decoder_input_ids, memory, attention_mask)}
         if mode != "student" or not self.cfg.cvt_decoders:
             raise ValueError(f"mode={mode!r}: 'primary', or 'student' for a model built with cvt_decoders=true")
-        _, states = self.decoder(self.target_embed(decoder_input_ids), memory, attention_mask, frozen_attention=True,
-                                 return_states=True)
+        _, states = self.decoder(
+            self.target_embed(decoder_input_ids), memory, attention_mask, frozen_attention=True, return_states=True
+        )
         states = self.drop(states)
         return {"auxiliary": {name: view(states, memory, attention_mask) for name, view in self.auxiliary.items()}}
 
@@ -158,18 +181,24 @@ def load_inputs(model: CoVe, manifest: dict, shards_dir: str) -> None:
     the model config) -- run by the trainer on a freshly built model."""
     entry = manifest.get("source_vectors")
     if entry is None:
-        raise GlmError(f"{shards_dir} is not a translation pair set (no source_vectors): build it with "
-                       f"glm data tokenize -c CONFIG (data.source: a glm data gettext folder, data.vectors: GloVe)")
+        raise GlmError(
+            f"{shards_dir} is not a translation pair set (no source_vectors): build it with "
+            f"glm data tokenize -c CONFIG (data.source: a glm data gettext folder, data.vectors: GloVe)"
+        )
     cfg = model.cfg
     if entry["dim"] != cfg.d_input or entry["rows"] > cfg.vocab_size:
-        raise GlmError(f"the pair set's GloVe table is {entry['rows']} x {entry['dim']} but the model takes "
-                       f"model.vocab_size={cfg.vocab_size} x d_input={cfg.d_input}: use a flavor whose d_input is "
-                       f"{entry['dim']} and set model.vocab_size >= {entry['rows']}")
+        raise GlmError(
+            f"the pair set's GloVe table is {entry['rows']} x {entry['dim']} but the model takes "
+            f"model.vocab_size={cfg.vocab_size} x d_input={cfg.d_input}: use a flavor whose d_input is "
+            f"{entry['dim']} and set model.vocab_size >= {entry['rows']}"
+        )
     target = manifest["target_tokenizer"]["vocab_size"]
     if target > cfg.target_vocab_size:
-        raise GlmError(f"the pair set's target tokenizer has {target} tokens but the {cfg.target_vocab_size}-word "
-                       f"output layer of this flavor is smaller: build the set with data.target_vocab_size <= "
-                       f"{cfg.target_vocab_size}")
+        raise GlmError(
+            f"the pair set's target tokenizer has {target} tokens but the {cfg.target_vocab_size}-word "
+            f"output layer of this flavor is smaller: build the set with data.target_vocab_size <= "
+            f"{cfg.target_vocab_size}"
+        )
     path = f"{shards_dir}/{entry['file']}"
     with open(path, "rb") as f:
         if f.seek(0, 2) > MAX_VECTOR_BYTES:
@@ -180,4 +209,4 @@ def load_inputs(model: CoVe, manifest: dict, shards_dir: str) -> None:
         raise GlmError(f"{path}: shape {table.shape}, the manifest says ({entry['rows']}, {entry['dim']})")
     with torch.no_grad():
         model.glove.zero_()
-        model.glove[:len(table)] = torch.from_numpy(table).to(model.glove.dtype)
+        model.glove[: len(table)] = torch.from_numpy(table).to(model.glove.dtype)

@@ -23,6 +23,7 @@ and reads ELMo's 50-character spelling (the authors cut words at 20); layer 2 ha
 (torch's ``proj_size`` must be below the cell count; the authors project 512 -> 512); no learned
 embedding scale.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,10 +66,21 @@ class CvtConfig:
 # cvt_text's sizes (base/configure.py); the paper prints no parameter count. With a 400,000-word
 # GloVe vocabulary and 17 tags (CoNLL NER, BIOES) this is 138.8M, 120M of it the word embedding.
 FLAVORS: dict[str, Flavor] = {
-    "cvt-tiny": Flavor(CvtConfig(vocab_size=8192, d_word=48, d_lstm=96, d_model=48, d_lstm2=48, char_dim=8,
-                                 filters=((2, 16), (3, 16), (4, 16)), context_length=72)),
-    "cvt-tiny-words": Flavor(CvtConfig(vocab_size=8192, d_word=48, d_lstm=96, d_model=48, d_lstm2=48,
-                                       char_cnn=False, context_length=72)),
+    "cvt-tiny": Flavor(
+        CvtConfig(
+            vocab_size=8192,
+            d_word=48,
+            d_lstm=96,
+            d_model=48,
+            d_lstm2=48,
+            char_dim=8,
+            filters=((2, 16), (3, 16), (4, 16)),
+            context_length=72,
+        )
+    ),
+    "cvt-tiny-words": Flavor(
+        CvtConfig(vocab_size=8192, d_word=48, d_lstm=96, d_model=48, d_lstm2=48, char_cnn=False, context_length=72)
+    ),
     "cvt": Flavor(CvtConfig(vocab_size=400_000)),
 }
 
@@ -101,31 +113,42 @@ class CVT(nn.Module):
         d_in = cfg.d_word
         if cfg.char_cnn:
             width = sum(c for _, c in cfg.filters)
-            self.chars = CharCNN(char_vocab=cfg.char_vocab, char_dim=cfg.char_dim, filters=cfg.filters, num_highway=0,
-                                 out_dim=width)
+            self.chars = CharCNN(
+                char_vocab=cfg.char_vocab, char_dim=cfg.char_dim, filters=cfg.filters, num_highway=0, out_dim=width
+            )
             d_in += width
         self.layer1 = nn.ModuleList(LSTMLayer(d_in, cfg.d_lstm, proj_size=cfg.d_model) for _ in range(2))  # fwd, bwd
         self.layer2 = nn.ModuleList(LSTMLayer(2 * cfg.d_model, cfg.d_lstm2) for _ in range(2))
         d_full = 2 * cfg.d_model + 2 * cfg.d_lstm2
         self.primary = nn.ModuleList(PredictionModule(d_full, cfg.d_model, n) for n in cfg.tags)
         self.auxiliary = nn.ModuleList(
-            nn.ModuleDict({view: PredictionModule(cfg.d_model, cfg.d_model, n) for view in VIEWS}) for n in cfg.tags)
+            nn.ModuleDict({view: PredictionModule(cfg.d_model, cfg.d_model, n) for view in VIEWS}) for n in cfg.tags
+        )
         self.activation_checkpointing = False  # (not used: the recurrences dominate, not stored activations)
 
     def layers(self) -> list[nn.Module]:
         """The parts in order (for planning)."""
-        return [self.embed, *([self.chars] if self.cfg.char_cnn else []), *self.layer1, *self.layer2,
-                *self.primary, *self.auxiliary]
+        return [
+            self.embed,
+            *([self.chars] if self.cfg.char_cnn else []),
+            *self.layer1,
+            *self.layer2,
+            *self.primary,
+            *self.auxiliary,
+        ]
 
-    def encode(self, input_ids: torch.Tensor, char_ids: torch.Tensor | None, lengths: torch.Tensor | None,
-               p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def encode(
+        self, input_ids: torch.Tensor, char_ids: torch.Tensor | None, lengths: torch.Tensor | None, p: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer 1's forward and backward states (B, T, d_model) each and layer 2's (B, T, 2 d_lstm2)."""
         drop = (lambda x: F.dropout(x, p, training=True)) if p > 0 else (lambda x: x)
         x = drop(self.embed(input_ids))
         if self.cfg.char_cnn:
             if char_ids is None:
-                raise ValueError("this CVT model reads characters: pass char_ids (B, T, 50) -- the cvt objective makes "
-                                 "them from the tagging shard set's word-level tokenizer")
+                raise ValueError(
+                    "this CVT model reads characters: pass char_ids (B, T, 50) -- the cvt objective makes "
+                    "them from the tagging shard set's word-level tokenizer"
+                )
             x = torch.cat([x, drop(self.chars(char_ids))], dim=-1)
         fwd = drop(self.layer1[0](x, lengths)[0])
         bwd = drop(self.layer1[1](x, lengths, reverse=True)[0])
@@ -133,8 +156,14 @@ class CVT(nn.Module):
         bi = torch.cat([drop(self.layer2[0](uni, lengths)[0]), drop(self.layer2[1](uni, lengths, reverse=True)[0])], -1)
         return fwd, bwd, bi
 
-    def forward(self, input_ids: torch.Tensor, *, char_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, mode: str = "supervised") -> dict[str, list]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        char_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mode: str = "supervised",
+    ) -> dict[str, list]:
         """``primary``: per task (B, T, tags) logits (``supervised``, ``teacher``); ``auxiliary``: per
         task a dict view -> (B, T, tags) logits (``student``); logits at t always score token t."""
         if mode not in MODES:
@@ -156,8 +185,9 @@ class CVT(nn.Module):
         supervised step runs the primary ones, an unlabelled step the auxiliary ones; counted as
         the larger), each convolution weight at each of a word's 50 character positions."""
         uses = sum(p.numel() for m in (*self.layer1, *self.layer2) for p in m.parameters())
-        uses += max(sum(p.numel() for p in self.primary.parameters()),
-                    sum(p.numel() for p in self.auxiliary.parameters()))
+        uses += max(
+            sum(p.numel() for p in self.primary.parameters()), sum(p.numel() for p in self.auxiliary.parameters())
+        )
         if self.cfg.char_cnn:
             uses += MAX_CHARS * sum(p.numel() for p in self.chars.convs.parameters())
             uses += sum(p.numel() for p in self.chars.proj.parameters())

@@ -1,5 +1,6 @@
 """CVT's registry row: a BiLSTM tagger, primary and auxiliary-view prediction modules per task
 (objectives/cvt.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +13,11 @@ from glm_dist.families.spec import FamilySpec, option
 @dataclass
 class CvtOptions:
     tags: Optional[list] = option("tags per task, one prediction module each (the tagging shard set's tasks, in order)")
-    unlabelled_dropout: Optional[float] = option("dropout of the auxiliary modules' encoder pass on unlabelled "
-                                                 "minibatches (model.dropout is the labelled one's)", bounds="[0, 1)")
+    unlabelled_dropout: Optional[float] = option(
+        "dropout of the auxiliary modules' encoder pass on unlabelled "
+        "minibatches (model.dropout is the labelled one's)",
+        bounds="[0, 1)",
+    )
 
 
 FAMILIES = {

@@ -17,6 +17,7 @@ the token layer duplicated, then [forward; backward] of each LSTM layer -- what 
 ``glm_dist/transfer/elmo.py`` weighs. bilm-tf's cell and projection clipping (+-3) and its sampled
 softmax are not reproduced (the full softmax is exact; plain LSTMs keep the fused kernels).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,10 +55,21 @@ class ElmoConfig:
 # layer alone is 407M): char CNN + highway + projection 18.04M, four LSTMP layers 75.63M (torch's
 # LSTM keeps two bias vectors, bilm-tf one: +65,536) = 93.67M.
 FLAVORS: dict[str, Flavor] = {
-    "elmo-tiny": Flavor(ElmoConfig(vocab_size=8192, d_model=64, d_lstm=256, context_length=64, char_dim=8,
-                                   filters=((1, 16), (2, 16), (3, 32), (4, 64)), n_highway=1, dropout=0.0)),
-    "elmo-tiny-words": Flavor(ElmoConfig(vocab_size=8192, d_model=64, d_lstm=256, context_length=64, char_cnn=False,
-                                         dropout=0.0)),  # word embeddings as the token layer: learns faster
+    "elmo-tiny": Flavor(
+        ElmoConfig(
+            vocab_size=8192,
+            d_model=64,
+            d_lstm=256,
+            context_length=64,
+            char_dim=8,
+            filters=((1, 16), (2, 16), (3, 32), (4, 64)),
+            n_highway=1,
+            dropout=0.0,
+        )
+    ),
+    "elmo-tiny-words": Flavor(
+        ElmoConfig(vocab_size=8192, d_model=64, d_lstm=256, context_length=64, char_cnn=False, dropout=0.0)
+    ),  # word embeddings as the token layer: learns faster
     "elmo": Flavor(ElmoConfig(vocab_size=793_471), 93.6e6, 0.01, "softmax excluded (as the paper counts)"),
 }
 
@@ -71,8 +83,13 @@ class ELMo(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         if cfg.char_cnn:
-            self.tokens = CharCNN(char_vocab=cfg.char_vocab, char_dim=cfg.char_dim, filters=cfg.filters,
-                                  num_highway=cfg.n_highway, out_dim=d)
+            self.tokens = CharCNN(
+                char_vocab=cfg.char_vocab,
+                char_dim=cfg.char_dim,
+                filters=cfg.filters,
+                num_highway=cfg.n_highway,
+                out_dim=d,
+            )
         else:
             self.tokens = nn.Embedding(cfg.vocab_size, d)
         self.forward_lm = nn.ModuleList(LSTMLayer(d, cfg.d_lstm, proj_size=d) for _ in range(cfg.n_layer))
@@ -89,13 +106,16 @@ class ELMo(nn.Module):
         """(B, T, d_model) context-independent token representations."""
         if self.cfg.char_cnn:
             if char_ids is None:
-                raise ValueError("this ELMo reads characters: pass char_ids (B, T, 50) -- the bilm objective makes "
-                                 "them from a word-level tokenizer (data.tokenizer_profile=word)")
+                raise ValueError(
+                    "this ELMo reads characters: pass char_ids (B, T, 50) -- the bilm objective makes "
+                    "them from a word-level tokenizer (data.tokenizer_profile=word)"
+                )
             return self.tokens(char_ids)
         return self.tokens(input_ids)
 
-    def _direction(self, lm: nn.ModuleList, x: torch.Tensor, lengths: torch.Tensor | None,
-                   reverse: bool) -> list[torch.Tensor]:
+    def _direction(
+        self, lm: nn.ModuleList, x: torch.Tensor, lengths: torch.Tensor | None, reverse: bool
+    ) -> list[torch.Tensor]:
         outs = []
         for i, layer in enumerate(lm):
             h, _ = layer(self.drop(x), lengths, reverse=reverse)
@@ -103,8 +123,14 @@ class ELMo(nn.Module):
             outs.append(x)
         return outs
 
-    def forward(self, input_ids: torch.Tensor | None = None, *, char_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, layers: bool = False) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        *,
+        char_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        layers: bool = False,
+    ) -> dict[str, torch.Tensor]:
         """Logits of each direction (B, T, V): ``forward_logits`` at t score token t + 1,
         ``backward_logits`` at t score token t - 1; with ``layers`` also (L + 1, B, T, 2 d_model)."""
         x = self.token_layer(input_ids, char_ids)  # (B, T, d)
@@ -113,8 +139,9 @@ class ELMo(nn.Module):
         bwd = self._direction(self.backward_lm, x, lengths, reverse=True)
         out = {"forward_logits": self.softmax(self.drop(fwd[-1])), "backward_logits": self.softmax(self.drop(bwd[-1]))}
         if layers:
-            out["layers"] = torch.stack([torch.cat([x, x], dim=-1)]
-                                        + [torch.cat(pair, dim=-1) for pair in zip(fwd, bwd)])
+            out["layers"] = torch.stack(
+                [torch.cat([x, x], dim=-1)] + [torch.cat(pair, dim=-1) for pair in zip(fwd, bwd)]
+            )
         return out
 
     def num_params(self, *, softmax: bool = True) -> int:

@@ -5,6 +5,7 @@ co-occurrence triples; the ``glove`` objective weighs the squared error. The wor
 w + w~ (the paper's final vectors), written in GloVe's text format by ``glm data vectors``.
 Initialisation follows the authors' glove.c: uniform in [-0.5, 0.5) / dim for vectors and biases.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

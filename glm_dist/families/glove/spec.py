@@ -1,5 +1,6 @@
 """GloVe's registry row: the recurrent era's families run data parallel + ZeRO only (no pipeline, no
 tensor split, no transformers export)."""
+
 from __future__ import annotations
 
 from glm_dist.families.glove import model as glove

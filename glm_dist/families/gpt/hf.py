@@ -4,6 +4,7 @@ transformers' GPT-2 uses ``Conv1D`` (weight stored as (in, out)); ours uses ``nn
 ((out, in)), so matrices are transposed on the way. Names map one to one. A padded vocabulary
 (``pad_vocab_to_multiple_of``) is exported without its padding rows and padded again on import.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,12 +15,22 @@ import torch
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
 
 # ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
-_BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",
-          "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_BLOCK = {
+    "ln_1": "ln_1",
+    "attn.qkv": "attn.c_attn",
+    "attn.proj": "attn.c_proj",
+    "ln_2": "ln_2",
+    "mlp.fc": "mlp.c_fc",
+    "mlp.proj": "mlp.c_proj",
+}
 _CONV1D = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")  # transposed in transformers
-_TOP = {"embed.wte.weight": "transformer.wte.weight", "embed.wpe.weight": "transformer.wpe.weight",
-        "head.ln_f.weight": "transformer.ln_f.weight", "head.ln_f.bias": "transformer.ln_f.bias",
-        "head.lm_head.weight": "lm_head.weight"}
+_TOP = {
+    "embed.wte.weight": "transformer.wte.weight",
+    "embed.wpe.weight": "transformer.wpe.weight",
+    "head.ln_f.weight": "transformer.ln_f.weight",
+    "head.ln_f.bias": "transformer.ln_f.bias",
+    "head.lm_head.weight": "lm_head.weight",
+}
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)$")
 
 
@@ -29,17 +40,35 @@ def to_hf_config(cfg: GPTConfig, *, eot_id: int | None = None):
     if cfg.sparse_window is not None or cfg.post_ln:
         raise ValueError("GPT2LMHeadModel is pre-LN without banded sparse attention; export such a model")
     eot = cfg.vocab_size - 1 if eot_id is None else eot_id
-    return GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
-                      n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.d_ff, activation_function="gelu_new",
-                      resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-                      layer_norm_epsilon=cfg.layer_norm_eps, bos_token_id=eot, eos_token_id=eot,
-                      tie_word_embeddings=True)
+    return GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.context_length,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.d_ff,
+        activation_function="gelu_new",
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        tie_word_embeddings=True,
+    )
 
 
 def from_hf_config(hf_cfg) -> GPTConfig:
-    return GPTConfig(n_layer=hf_cfg.n_layer, n_head=hf_cfg.n_head, d_model=hf_cfg.n_embd,
-                     vocab_size=hf_cfg.vocab_size, context_length=hf_cfg.n_positions, d_ff=hf_cfg.n_inner,
-                     dropout=hf_cfg.resid_pdrop, layer_norm_eps=hf_cfg.layer_norm_epsilon)
+    return GPTConfig(
+        n_layer=hf_cfg.n_layer,
+        n_head=hf_cfg.n_head,
+        d_model=hf_cfg.n_embd,
+        vocab_size=hf_cfg.vocab_size,
+        context_length=hf_cfg.n_positions,
+        d_ff=hf_cfg.n_inner,
+        dropout=hf_cfg.resid_pdrop,
+        layer_norm_eps=hf_cfg.layer_norm_epsilon,
+    )
 
 
 def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -52,8 +81,9 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not m:
             raise KeyError(f"no transformers name for parameter {key!r}")
         layer, part, kind = m.groups()
-        out[f"transformer.h.{layer}.{_BLOCK[part]}.{kind}"] = (value.t() if part in _CONV1D and kind == "weight"
-                                                               else value)
+        out[f"transformer.h.{layer}.{_BLOCK[part]}.{kind}"] = (
+            value.t() if part in _CONV1D and kind == "weight" else value
+        )
     return out
 
 
@@ -81,8 +111,14 @@ def import_hf(hf_model, *, pad_vocab_to_multiple_of: int = 1) -> tuple[GPTConfig
     return cfg, from_hf_state_dict(hf_model.state_dict())
 
 
-def export_hf(cfg: GPTConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
-              tokenizer_file: str | None = None, profile: str | None = None) -> None:
+def export_hf(
+    cfg: GPTConfig,
+    state_dict: dict[str, torch.Tensor],
+    out_dir: str,
+    *,
+    tokenizer_file: str | None = None,
+    profile: str | None = None,
+) -> None:
     """Write a folder ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load;
     the tokenizer's end-of-text token (also BOS, EOS, UNK) from the tokenizer ``profile``."""
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -94,9 +130,13 @@ def export_hf(cfg: GPTConfig, state_dict: dict[str, torch.Tensor], out_dir: str,
     tokenizer = None
     eot_id = None
     if tokenizer_file:
-        tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, bos_token=eot_token,
-                                            eos_token=eot_token, unk_token=eot_token,
-                                            model_max_length=cfg.context_length)
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=tokenizer_file,
+            bos_token=eot_token,
+            eos_token=eot_token,
+            unk_token=eot_token,
+            model_max_length=cfg.context_length,
+        )
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
     missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), strict=False)

@@ -14,6 +14,7 @@ in its softmax (``ops/cross_entropy.py``'s ``vocab_padding``), parameter counts,
 leave the padding out, and an unpadded state dict (a checkpoint from before, a transformers model)
 loads with zero padding rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from glm_dist.models.common import (Flavor, MLP, CausalSelfAttention, OutputLinear, VocabPlan, count_parameters,
-                                    init_gpt_weights,
-                                    flavor_config, pad_vocab_rows, padded_size)
+from glm_dist.models.common import (
+    Flavor,
+    MLP,
+    CausalSelfAttention,
+    OutputLinear,
+    VocabPlan,
+    count_parameters,
+    init_gpt_weights,
+    flavor_config,
+    pad_vocab_rows,
+    padded_size,
+)
 from glm_dist.ops.cross_entropy import real_logits, vocab_padding
 
 
@@ -59,25 +69,33 @@ class GPTConfig:
 ROUNDED = "the paper's name is rounded; layers/width/heads are the paper's"
 FLAVORS: dict[str, Flavor] = {
     "tiny": Flavor(GPTConfig(n_layer=4, n_head=4, d_model=128, vocab_size=8192, context_length=256)),
-    "gpt2-small": Flavor(GPTConfig(n_layer=12, n_head=12, d_model=768), 124e6),    # 124.4M
-    "gpt2-medium": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=1024), 350e6,   # 354.8M
-                          0.02, ROUNDED),
-    "gpt2-large": Flavor(GPTConfig(n_layer=36, n_head=20, d_model=1280), 774e6),   # 774.0M
-    "gpt2-xl": Flavor(GPTConfig(n_layer=48, n_head=25, d_model=1600), 1.56e9),     # 1.558B
+    "gpt2-small": Flavor(GPTConfig(n_layer=12, n_head=12, d_model=768), 124e6),  # 124.4M
+    "gpt2-medium": Flavor(
+        GPTConfig(n_layer=24, n_head=16, d_model=1024),
+        350e6,  # 354.8M
+        0.02,
+        ROUNDED,
+    ),
+    "gpt2-large": Flavor(GPTConfig(n_layer=36, n_head=20, d_model=1280), 774e6),  # 774.0M
+    "gpt2-xl": Flavor(GPTConfig(n_layer=48, n_head=25, d_model=1600), 1.56e9),  # 1.558B
     # GPT-3 (Brown et al. 2020, table 2.1); context 2048.
     "gpt3-small": Flavor(GPTConfig(n_layer=12, n_head=12, d_model=768, context_length=2048), 125e6),
-    "gpt3-medium": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=1024, context_length=2048),
-                          350e6, 0.02, ROUNDED),  # 355.9M
+    "gpt3-medium": Flavor(
+        GPTConfig(n_layer=24, n_head=16, d_model=1024, context_length=2048), 350e6, 0.02, ROUNDED
+    ),  # 355.9M
     "gpt3-large": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=1536, context_length=2048), 760e6),
     # The paper prints 24 heads for xl, which does not divide 2048; 16 heads of 128 as Megatron.
-    "gpt3-xl": Flavor(GPTConfig(n_layer=24, n_head=16, d_model=2048, context_length=2048),
-                      1.3e9, 0.02, ROUNDED),  # 1.316B
-    "gpt3-2.7b": Flavor(GPTConfig(n_layer=32, n_head=32, d_model=2560, context_length=2048),
-                        2.7e9, 0.02, ROUNDED),  # 2.652B
+    "gpt3-xl": Flavor(
+        GPTConfig(n_layer=24, n_head=16, d_model=2048, context_length=2048), 1.3e9, 0.02, ROUNDED
+    ),  # 1.316B
+    "gpt3-2.7b": Flavor(
+        GPTConfig(n_layer=32, n_head=32, d_model=2560, context_length=2048), 2.7e9, 0.02, ROUNDED
+    ),  # 2.652B
     "gpt3-6.7b": Flavor(GPTConfig(n_layer=32, n_head=32, d_model=4096, context_length=2048), 6.7e9),
     # The paper prints d_model 5140, which 40 heads do not divide; 5120 as Megatron-DeepSpeed.
-    "gpt3-13b": Flavor(GPTConfig(n_layer=40, n_head=40, d_model=5120, context_length=2048),
-                       13e9, 0.02, ROUNDED),  # 12.85B
+    "gpt3-13b": Flavor(
+        GPTConfig(n_layer=40, n_head=40, d_model=5120, context_length=2048), 13e9, 0.02, ROUNDED
+    ),  # 12.85B
     "gpt3-175b": Flavor(GPTConfig(n_layer=96, n_head=96, d_model=12288, context_length=2048), 175e9),
 }
 
@@ -91,7 +109,7 @@ VOCAB_MATRICES = ("embed.wte.weight", "head.lm_head.weight")  # (padded vocab, C
 def unpadded_state_dict(sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """``sd`` with the vocabulary matrices cut to the real vocabulary's rows (views): what transformers
     holds."""
-    return {key: value[:cfg.vocab_size] if key in VOCAB_MATRICES else value for key, value in sd.items()}
+    return {key: value[: cfg.vocab_size] if key in VOCAB_MATRICES else value for key, value in sd.items()}
 
 
 def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
@@ -104,8 +122,10 @@ def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
 def pipeline_refusal(cfg: GPTConfig) -> str | None:
     """Why a GPT cannot be cut into pipeline stages (None: it can)."""
     if cfg.padded_vocab_size != cfg.vocab_size:
-        return ("the pipeline's last stage keeps its own copy of the token embedding, unpadded, and scores whole "
-                "logits; set model.pad_vocab_to_multiple_of=1 to pipeline")
+        return (
+            "the pipeline's last stage keeps its own copy of the token embedding, unpadded, and scores whole "
+            "logits; set model.pad_vocab_to_multiple_of=1 to pipeline"
+        )
     return None
 
 
@@ -129,8 +149,9 @@ class GPTBlock(nn.Module):
         self.post_ln = cfg.post_ln
         sparse = cfg.sparse_window is not None and layer_idx % 2 == 1
         self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_head, dropout=cfg.dropout,
-                                        window=cfg.sparse_window if sparse else None)
+        self.attn = CausalSelfAttention(
+            cfg.d_model, cfg.n_head, dropout=cfg.dropout, window=cfg.sparse_window if sparse else None
+        )
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg.d_model, cfg.ffn_width, dropout=cfg.dropout)
 
@@ -180,16 +201,16 @@ class GPT(nn.Module):
         """The model as an ordered list: embedding, blocks, head."""
         return [self.embed, *self.blocks, self.head]
 
-    def forward(self, input_ids: torch.Tensor, cache: list[dict] | None = None, *,
-                project: Callable | None = None):
+    def forward(self, input_ids: torch.Tensor, cache: list[dict] | None = None, *, project: Callable | None = None):
         """(B, T) token ids -> (B, T, vocab) logits. ``cache`` (one dict per block, filled in
         place) makes decoding incremental: pass only the new tokens. ``project(hidden, weight,
         bias)`` replaces the output matmul on the final (B, T, C) hidden states -- e.g. a fused
         cross entropy, or ``lambda h, w, b: h`` for the hidden states themselves."""
         past = cache[0]["k"].shape[2] if cache and "k" in cache[0] else 0
         if past + input_ids.shape[1] > self.cfg.context_length:
-            raise ValueError(f"sequence length {past + input_ids.shape[1]} exceeds the context length "
-                             f"{self.cfg.context_length}")
+            raise ValueError(
+                f"sequence length {past + input_ids.shape[1]} exceeds the context length {self.cfg.context_length}"
+            )
         x = self.embed(input_ids, past)
         for i, block in enumerate(self.blocks):
             if self.activation_checkpointing and self.training:

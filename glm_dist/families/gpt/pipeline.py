@@ -4,6 +4,7 @@ The layer list -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, the final LayerN
 projection -- becomes layer specs of the same classes; the output projection is a tied copy of the
 token embedding on the last stage.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,10 +43,21 @@ def gpt_pipeline(model: GPT, *, stages: int, loss_fn, **layout):
     # The embedding is its own forward (a module in DeepSpeed's layer list, so its weights are saved
     # with the checkpoint); the output projection reuses it through a function, and DeepSpeed
     # re-broadcasts the tied matrix from the first stage after a load.
-    specs = [TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
-             *[LayerSpec(GPTBlock, cfg, i) for i in range(cfg.n_layer)],
-             LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
-             TiedLayerSpec(TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits,
-                           tied_weight_attr=["wte.weight"])]
-    return build_pipeline(model, specs, block=GPTBlock, rename=lambda key: gpt_source_name(key, cfg.n_layer),
-                           std=local_init_std, stages=stages, loss_fn=loss_fn, **layout)
+    specs = [
+        TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
+        *[LayerSpec(GPTBlock, cfg, i) for i in range(cfg.n_layer)],
+        LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
+        TiedLayerSpec(
+            TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits, tied_weight_attr=["wte.weight"]
+        ),
+    ]
+    return build_pipeline(
+        model,
+        specs,
+        block=GPTBlock,
+        rename=lambda key: gpt_source_name(key, cfg.n_layer),
+        std=local_init_std,
+        stages=stages,
+        loss_fn=loss_fn,
+        **layout,
+    )

@@ -6,6 +6,7 @@ heads model's multiple-choice head (``multiple_choice_head.summary``: one row, r
 ``mc_token_ids``) is GPT's W_y of a multiple-choice fine-tuning (``glm_dist/transfer``). A padded
 vocabulary is exported without its padding rows.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,14 +16,25 @@ import torch
 
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
 
-_BLOCK = {"ln_1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln_2": "ln_2",
-          "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_BLOCK = {
+    "ln_1": "ln_1",
+    "attn.qkv": "attn.c_attn",
+    "attn.proj": "attn.c_proj",
+    "ln_2": "ln_2",
+    "mlp.fc": "mlp.c_fc",
+    "mlp.proj": "mlp.c_proj",
+}
 _CONV1D = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")  # (in, out) in transformers
-_TOP = {"embed.wte.weight": "transformer.tokens_embed.weight", "embed.wpe.weight": "transformer.positions_embed.weight",
-        "head.lm_head.weight": "lm_head.weight"}
+_TOP = {
+    "embed.wte.weight": "transformer.tokens_embed.weight",
+    "embed.wpe.weight": "transformer.positions_embed.weight",
+    "head.lm_head.weight": "lm_head.weight",
+}
 # W_y of a multiple-choice head (transfer.heads.TransferModel's ``classifier``) <-> the double heads model's
-_MC_HEAD = {"classifier.weight": "multiple_choice_head.summary.weight",
-            "classifier.bias": "multiple_choice_head.summary.bias"}
+_MC_HEAD = {
+    "classifier.weight": "multiple_choice_head.summary.weight",
+    "classifier.bias": "multiple_choice_head.summary.bias",
+}
 _OURS = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)$")
 _THEIRS = re.compile(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -33,17 +45,35 @@ def to_hf_config(cfg: GPTConfig, *, eot_id: int | None = None):
     if not cfg.post_ln or cfg.sparse_window is not None or cfg.ffn_width != 4 * cfg.d_model:
         raise ValueError("OpenAIGPT is post-LN with dense attention and an FFN of 4 x d_model; export such a model")
     eot = cfg.vocab_size - 1 if eot_id is None else eot_id
-    return OpenAIGPTConfig(vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
-                           n_layer=cfg.n_layer, n_head=cfg.n_head, afn="gelu", resid_pdrop=cfg.dropout,
-                           embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, layer_norm_epsilon=cfg.layer_norm_eps,
-                           summary_first_dropout=cfg.dropout, bos_token_id=eot, eos_token_id=eot,
-                           tie_word_embeddings=True)
+    return OpenAIGPTConfig(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.context_length,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        afn="gelu",
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        summary_first_dropout=cfg.dropout,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        tie_word_embeddings=True,
+    )
 
 
 def from_hf_config(hf_cfg) -> GPTConfig:
-    return GPTConfig(n_layer=hf_cfg.n_layer, n_head=hf_cfg.n_head, d_model=hf_cfg.n_embd, vocab_size=hf_cfg.vocab_size,
-                     context_length=hf_cfg.n_positions, dropout=hf_cfg.resid_pdrop,
-                     layer_norm_eps=hf_cfg.layer_norm_epsilon, post_ln=True)
+    return GPTConfig(
+        n_layer=hf_cfg.n_layer,
+        n_head=hf_cfg.n_head,
+        d_model=hf_cfg.n_embd,
+        vocab_size=hf_cfg.vocab_size,
+        context_length=hf_cfg.n_positions,
+        dropout=hf_cfg.resid_pdrop,
+        layer_norm_eps=hf_cfg.layer_norm_epsilon,
+        post_ln=True,
+    )
 
 
 def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -84,8 +114,14 @@ def import_hf(hf_model) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     return from_hf_config(hf_model.config), from_hf_state_dict(hf_model.state_dict())
 
 
-def export_hf(cfg: GPTConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
-              tokenizer_file: str | None = None, profile: str | None = None) -> None:
+def export_hf(
+    cfg: GPTConfig,
+    state_dict: dict[str, torch.Tensor],
+    out_dir: str,
+    *,
+    tokenizer_file: str | None = None,
+    profile: str | None = None,
+) -> None:
     """Write a folder ``OpenAIGPTLMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained``
     load (safetensors); the tokenizer's end-of-text token (also BOS, EOS, UNK) from ``profile``."""
     from transformers import OpenAIGPTLMHeadModel, PreTrainedTokenizerFast
@@ -95,8 +131,13 @@ def export_hf(cfg: GPTConfig, state_dict: dict[str, torch.Tensor], out_dir: str,
     eot_token = PROFILES[profile or "gpt2"].roles["eot"]
     tokenizer, eot_id = None, None
     if tokenizer_file:
-        tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, bos_token=eot_token, eos_token=eot_token,
-                                            unk_token=eot_token, model_max_length=cfg.context_length)
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=tokenizer_file,
+            bos_token=eot_token,
+            eos_token=eot_token,
+            unk_token=eot_token,
+            model_max_length=cfg.context_length,
+        )
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = OpenAIGPTLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
     missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), strict=False)

@@ -1,4 +1,5 @@
 """T5 <-> transformers' T5ForConditionalGeneration (1.0 and v1.1)."""
+
 from __future__ import annotations
 
 import re
@@ -19,14 +20,20 @@ def hf_name(ours: str) -> str:
         raise KeyError(f"no transformers name for {ours!r}")
     stack, i, rest = m.groups()
     ffn_layer = 2 if stack == "decoder" else 1
-    table = {"ln_self.weight": "layer.0.layer_norm.weight", "ln_cross.weight": "layer.1.layer_norm.weight",
-             "ln_ffn.weight": f"layer.{ffn_layer}.layer_norm.weight",
-             "self_attn.relative_bias.weight": "layer.0.SelfAttention.relative_attention_bias.weight"}
+    table = {
+        "ln_self.weight": "layer.0.layer_norm.weight",
+        "ln_cross.weight": "layer.1.layer_norm.weight",
+        "ln_ffn.weight": f"layer.{ffn_layer}.layer_norm.weight",
+        "self_attn.relative_bias.weight": "layer.0.SelfAttention.relative_attention_bias.weight",
+    }
     if rest in table:
         return f"{stack}.block.{i}.{table[rest]}"
     part, proj = rest.split(".", 1)
-    prefix = {"self_attn": "layer.0.SelfAttention", "cross_attn": "layer.1.EncDecAttention",
-              "ffn": f"layer.{ffn_layer}.DenseReluDense"}[part]
+    prefix = {
+        "self_attn": "layer.0.SelfAttention",
+        "cross_attn": "layer.1.EncDecAttention",
+        "ffn": f"layer.{ffn_layer}.DenseReluDense",
+    }[part]
     return f"{stack}.block.{i}.{prefix}.{proj}"
 
 
@@ -43,13 +50,24 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def to_hf_config(cfg: T5Config, *, eos_id: int = 1):
     from transformers import T5Config as HFConfig
 
-    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
-                    num_layers=cfg.n_layer, num_decoder_layers=cfg.n_layer, num_heads=cfg.n_head,
-                    relative_attention_num_buckets=cfg.num_buckets,
-                    relative_attention_max_distance=cfg.max_distance, dropout_rate=0.0,
-                    layer_norm_epsilon=cfg.layer_norm_eps, feed_forward_proj="gated-gelu" if cfg.gated else "relu",
-                    tie_word_embeddings=cfg.tied, pad_token_id=cfg.pad_id, eos_token_id=eos_id,
-                    decoder_start_token_id=cfg.pad_id)
+    return HFConfig(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        d_kv=cfg.d_kv,
+        d_ff=cfg.d_ff,
+        num_layers=cfg.n_layer,
+        num_decoder_layers=cfg.n_layer,
+        num_heads=cfg.n_head,
+        relative_attention_num_buckets=cfg.num_buckets,
+        relative_attention_max_distance=cfg.max_distance,
+        dropout_rate=0.0,
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        feed_forward_proj="gated-gelu" if cfg.gated else "relu",
+        tie_word_embeddings=cfg.tied,
+        pad_token_id=cfg.pad_id,
+        eos_token_id=eos_id,
+        decoder_start_token_id=cfg.pad_id,
+    )
 
 
 def from_hf_config(hf_cfg) -> T5Config:
@@ -59,14 +77,25 @@ def from_hf_config(hf_cfg) -> T5Config:
     if hf_cfg.num_decoder_layers != hf_cfg.num_layers:
         raise ValueError("T5 with different encoder and decoder depths is not implemented here")
     if hf_cfg.feed_forward_proj not in ("relu", "gated-gelu"):
-        raise ValueError(f"feed_forward_proj={hf_cfg.feed_forward_proj!r}: only 'relu' (1.0) and 'gated-gelu' "
-                         "(v1.1) are implemented here")
-    return T5Config(n_layer=hf_cfg.num_layers, n_head=hf_cfg.num_heads, d_model=hf_cfg.d_model, d_ff=hf_cfg.d_ff,
-                    d_kv=hf_cfg.d_kv, vocab_size=hf_cfg.vocab_size, num_buckets=hf_cfg.relative_attention_num_buckets,
-                    max_distance=hf_cfg.relative_attention_max_distance,
-                    gated=hf_cfg.feed_forward_proj == "gated-gelu",
-                    tied=getattr(hf_cfg, "scale_decoder_outputs", hf_cfg.tie_word_embeddings),
-                    layer_norm_eps=hf_cfg.layer_norm_epsilon, dropout=hf_cfg.dropout_rate, pad_id=hf_cfg.pad_token_id)
+        raise ValueError(
+            f"feed_forward_proj={hf_cfg.feed_forward_proj!r}: only 'relu' (1.0) and 'gated-gelu' "
+            "(v1.1) are implemented here"
+        )
+    return T5Config(
+        n_layer=hf_cfg.num_layers,
+        n_head=hf_cfg.num_heads,
+        d_model=hf_cfg.d_model,
+        d_ff=hf_cfg.d_ff,
+        d_kv=hf_cfg.d_kv,
+        vocab_size=hf_cfg.vocab_size,
+        num_buckets=hf_cfg.relative_attention_num_buckets,
+        max_distance=hf_cfg.relative_attention_max_distance,
+        gated=hf_cfg.feed_forward_proj == "gated-gelu",
+        tied=getattr(hf_cfg, "scale_decoder_outputs", hf_cfg.tie_word_embeddings),
+        layer_norm_eps=hf_cfg.layer_norm_epsilon,
+        dropout=hf_cfg.dropout_rate,
+        pad_id=hf_cfg.pad_token_id,
+    )
 
 
 def import_hf(hf_model) -> tuple[T5Config, dict[str, torch.Tensor]]:
@@ -79,18 +108,31 @@ def import_hf(hf_model) -> tuple[T5Config, dict[str, torch.Tensor]]:
     return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
 
 
-def export_hf(cfg: T5Config, state_dict: dict[str, torch.Tensor], out_dir: str, *,
-              tokenizer_file: str | None = None, profile: str | None = None) -> None:
+def export_hf(
+    cfg: T5Config,
+    state_dict: dict[str, torch.Tensor],
+    out_dir: str,
+    *,
+    tokenizer_file: str | None = None,
+    profile: str | None = None,
+) -> None:
     from transformers import PreTrainedTokenizerFast, T5ForConditionalGeneration
 
     if not cfg.tied:
-        raise ValueError("transformers 5 always ties T5's output layer to its embedding, so an untied T5 v1.1 "
-                         "cannot be exported faithfully; export T5 1.0 (tied) models")
+        raise ValueError(
+            "transformers 5 always ties T5's output layer to its embedding, so an untied T5 v1.1 "
+            "cannot be exported faithfully; export T5 1.0 (tied) models"
+        )
     model = T5ForConditionalGeneration(to_hf_config(cfg))
     missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(out_dir)
     if tokenizer_file:
-        PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                model_max_length=cfg.context_length).save_pretrained(out_dir)
+        PreTrainedTokenizerFast(
+            tokenizer_file=tokenizer_file,
+            pad_token="<pad>",
+            eos_token="</s>",
+            unk_token="<unk>",
+            model_max_length=cfg.context_length,
+        ).save_pretrained(out_dir)

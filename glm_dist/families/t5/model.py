@@ -6,6 +6,7 @@ decoder); no absolute positions; attention logits are not scaled (the init accou
 1.0: ReLU FFN, embeddings tied with the output (logits scaled by d_model^-0.5). v1.1: gated-GELU
 FFN, untied output layer. Decoder inputs are the targets shifted right, starting with the pad id.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ class RMSNorm(nn.Module):
         return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
 
 
-def relative_bucket(relative: torch.Tensor, *, bidirectional: bool, num_buckets: int,
-                    max_distance: int) -> torch.Tensor:
+def relative_bucket(
+    relative: torch.Tensor, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
     """Mesh TensorFlow's bucketing: exact buckets for small distances, log-spaced up to max_distance."""
     buckets = torch.zeros_like(relative)
     if bidirectional:
@@ -60,8 +62,12 @@ def relative_bucket(relative: torch.Tensor, *, bidirectional: bool, num_buckets:
     else:
         relative = -torch.clamp(relative, max=0)
     exact = num_buckets // 2
-    large = exact + (torch.log(relative.float().clamp(min=1) / exact) / math.log(max_distance / exact)
-                     * (num_buckets - exact)).long()
+    large = (
+        exact
+        + (
+            torch.log(relative.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+        ).long()
+    )
     large = torch.clamp(large, max=num_buckets - 1)
     return buckets + torch.where(relative < exact, relative, large)
 
@@ -79,12 +85,14 @@ class T5Attention(nn.Module):
     def position_bias(self, q_len: int, k_len: int, device, past: int = 0) -> torch.Tensor:
         """(1, H, q_len, k_len) bias for queries at positions past .. past + q_len - 1."""
         rel = torch.arange(k_len, device=device)[None, :] - torch.arange(past, past + q_len, device=device)[:, None]
-        buckets = relative_bucket(rel, bidirectional=self.bidirectional, num_buckets=self.cfg.num_buckets,
-                                  max_distance=self.cfg.max_distance)
+        buckets = relative_bucket(
+            rel, bidirectional=self.bidirectional, num_buckets=self.cfg.num_buckets, max_distance=self.cfg.max_distance
+        )
         return self.relative_bias(buckets).permute(2, 0, 1)[None]  # (1, H, q, k)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, kv: torch.Tensor | None = None,
-                cache: dict | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor | None, kv: torch.Tensor | None = None, cache: dict | None = None
+    ) -> torch.Tensor:
         """``bias``: additive, in q's dtype (None: nothing masked, so SDPA may pick a flash kernel);
         ``cache``: keys/values kept for incremental decoding (cross-attention: computed once)."""
         B, T, _ = x.shape
@@ -157,9 +165,12 @@ def _attention_dtype(x: torch.Tensor) -> torch.dtype:
 # tensor parallelism (parallel/tensor.py): heads of self- and cross-attention with their columns of the
 # relative-position bias table, and the FFN width (ReLU ``wi`` or gated ``wi_0``/``wi_1``), in both stacks;
 # each rank computes the bias of its own heads from its columns of the table
-TENSOR_PLANS = {T5Attention: ShardPlan(column=("q", "k", "v"), row=("o",), heads="n_head",
-                                       head_tables=("relative_bias",), optional=("relative_bias",)),
-                T5FFN: ShardPlan(column=("wi", "wi_0", "wi_1"), row=("wo",), optional=("wi", "wi_0", "wi_1"))}
+TENSOR_PLANS = {
+    T5Attention: ShardPlan(
+        column=("q", "k", "v"), row=("o",), heads="n_head", head_tables=("relative_bias",), optional=("relative_bias",)
+    ),
+    T5FFN: ShardPlan(column=("wi", "wi_0", "wi_1"), row=("wo",), optional=("wi", "wi_0", "wi_1")),
+}
 
 
 class T5Stack(nn.Module):
@@ -194,9 +205,19 @@ def local_init_std(cfg: T5Config) -> Callable[[str], float]:
     embeddings and an untied output N(0, 1), query (d_model d_kv)^-1/2, key, value, the bias table
     and the FFN input d_model^-1/2, attention output (heads d_kv)^-1/2, FFN output d_ff^-1/2."""
     d, kv, h = cfg.d_model, cfg.d_kv, cfg.n_head
-    stds = {"shared": 1.0, "lm_head": 1.0, "q": (d * kv) ** -0.5, "k": d ** -0.5, "v": d ** -0.5,
-            "o": (h * kv) ** -0.5, "relative_bias": d ** -0.5, "wi": d ** -0.5, "wi_0": d ** -0.5,
-            "wi_1": d ** -0.5, "wo": cfg.d_ff ** -0.5}
+    stds = {
+        "shared": 1.0,
+        "lm_head": 1.0,
+        "q": (d * kv) ** -0.5,
+        "k": d**-0.5,
+        "v": d**-0.5,
+        "o": (h * kv) ** -0.5,
+        "relative_bias": d**-0.5,
+        "wi": d**-0.5,
+        "wi_0": d**-0.5,
+        "wi_1": d**-0.5,
+        "wo": cfg.d_ff**-0.5,
+    }
     return lambda name: stds[name.split(".")[-2]]
 
 
@@ -223,28 +244,30 @@ class T5(nn.Module):
             if isinstance(m, T5Attention):
                 nn.init.normal_(m.q.weight, std=(d * kv) ** -0.5)
                 for w in (m.k.weight, m.v.weight):
-                    nn.init.normal_(w, std=d ** -0.5)
+                    nn.init.normal_(w, std=d**-0.5)
                 nn.init.normal_(m.o.weight, std=(h * kv) ** -0.5)
                 if m.relative_bias is not None:
-                    nn.init.normal_(m.relative_bias.weight, std=d ** -0.5)
+                    nn.init.normal_(m.relative_bias.weight, std=d**-0.5)
             elif isinstance(m, T5FFN):
-                for lin in ([m.wi_0, m.wi_1] if m.gated else [m.wi]):
-                    nn.init.normal_(lin.weight, std=d ** -0.5)
-                nn.init.normal_(m.wo.weight, std=self.cfg.d_ff ** -0.5)
+                for lin in [m.wi_0, m.wi_1] if m.gated else [m.wi]:
+                    nn.init.normal_(lin.weight, std=d**-0.5)
+                nn.init.normal_(m.wo.weight, std=self.cfg.d_ff**-0.5)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.encoder(self.shared(input_ids), attention_mask)
 
-    def decode(self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None,
-               cache: list[dict] | None = None) -> torch.Tensor:
+    def decode(
+        self, decoder_input_ids, memory, memory_mask=None, decoder_mask=None, cache: list[dict] | None = None
+    ) -> torch.Tensor:
         """Decoder logits; with ``cache`` (one dict per block, filled in place) pass only new tokens."""
         h = self.decoder(self.shared(decoder_input_ids), decoder_mask, memory, memory_mask, cache)
         if self.cfg.tied:
-            h = h * self.cfg.d_model ** -0.5
+            h = h * self.cfg.d_model**-0.5
         return self.lm_head(h)  # (B, T_dec, V)
 
-    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         memory = self.encode(input_ids, attention_mask)
         return {"logits": self.decode(decoder_input_ids, memory, attention_mask)}
 

@@ -5,6 +5,7 @@ einsum; ours are ``nn.Linear`` layers: q, k, v and r are the transpose of the fl
 (d_model, n_head * d_head) matrix, o is that matrix as it stands. ``mask_emb`` is (1, 1, d) there
 and (d,) here. Other names map one to one.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,16 +15,31 @@ import torch
 
 from glm_dist.families.xlnet.model import XLNetConfig
 
-_TOP = {"embed.word.weight": "transformer.word_embedding.weight", "embed.mask_emb": "transformer.mask_emb",
-        "head.lm.weight": "lm_loss.weight", "head.lm.bias": "lm_loss.bias"}
+_TOP = {
+    "embed.word.weight": "transformer.word_embedding.weight",
+    "embed.mask_emb": "transformer.mask_emb",
+    "head.lm.weight": "lm_loss.weight",
+    "head.lm.bias": "lm_loss.bias",
+}
 _BLOCK = {  # ours -> transformers, inside "blocks.{i}." / "transformer.layer.{i}."
-    "attn.q.weight": "rel_attn.q", "attn.k.weight": "rel_attn.k", "attn.v.weight": "rel_attn.v",
-    "attn.r.weight": "rel_attn.r", "attn.o.weight": "rel_attn.o", "attn.content_bias": "rel_attn.r_w_bias",
-    "attn.position_bias": "rel_attn.r_r_bias", "attn.segment_bias": "rel_attn.r_s_bias",
-    "attn.segment_embed": "rel_attn.seg_embed", "ln_attn.weight": "rel_attn.layer_norm.weight",
-    "ln_attn.bias": "rel_attn.layer_norm.bias", "ffn.fc.weight": "ff.layer_1.weight", "ffn.fc.bias": "ff.layer_1.bias",
-    "ffn.proj.weight": "ff.layer_2.weight", "ffn.proj.bias": "ff.layer_2.bias", "ffn.ln.weight": "ff.layer_norm.weight",
-    "ffn.ln.bias": "ff.layer_norm.bias"}
+    "attn.q.weight": "rel_attn.q",
+    "attn.k.weight": "rel_attn.k",
+    "attn.v.weight": "rel_attn.v",
+    "attn.r.weight": "rel_attn.r",
+    "attn.o.weight": "rel_attn.o",
+    "attn.content_bias": "rel_attn.r_w_bias",
+    "attn.position_bias": "rel_attn.r_r_bias",
+    "attn.segment_bias": "rel_attn.r_s_bias",
+    "attn.segment_embed": "rel_attn.seg_embed",
+    "ln_attn.weight": "rel_attn.layer_norm.weight",
+    "ln_attn.bias": "rel_attn.layer_norm.bias",
+    "ffn.fc.weight": "ff.layer_1.weight",
+    "ffn.fc.bias": "ff.layer_1.bias",
+    "ffn.proj.weight": "ff.layer_2.weight",
+    "ffn.proj.bias": "ff.layer_2.bias",
+    "ffn.ln.weight": "ff.layer_norm.weight",
+    "ffn.ln.bias": "ff.layer_norm.bias",
+}
 _IN_PROJ = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.r.weight")  # (d, H, dh) -> (H*dh, d)
 
 
@@ -72,12 +88,28 @@ def to_hf_config(cfg: XLNetConfig, *, pad_id: int = 5, bos_id: int = 1, eos_id: 
     when ``mem_len`` > 0, as ours does."""
     from transformers import XLNetConfig as HFConfig
 
-    return HFConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                    d_inner=cfg.d_ff, ff_activation="gelu", attn_type=cfg.attn_type, layer_norm_eps=cfg.layer_norm_eps,
-                    dropout=cfg.dropout, mem_len=cfg.mem_len or None, reuse_len=cfg.reuse_len or None,
-                    use_mems_eval=cfg.mem_len > 0, use_mems_train=cfg.mem_len > 0, bi_data=cfg.bi_data,
-                    clamp_len=cfg.clamp_len if cfg.clamp_len > 0 else -1, same_length=False,
-                    pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id, tie_word_embeddings=True)
+    return HFConfig(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        d_inner=cfg.d_ff,
+        ff_activation="gelu",
+        attn_type=cfg.attn_type,
+        layer_norm_eps=cfg.layer_norm_eps,
+        dropout=cfg.dropout,
+        mem_len=cfg.mem_len or None,
+        reuse_len=cfg.reuse_len or None,
+        use_mems_eval=cfg.mem_len > 0,
+        use_mems_train=cfg.mem_len > 0,
+        bi_data=cfg.bi_data,
+        clamp_len=cfg.clamp_len if cfg.clamp_len > 0 else -1,
+        same_length=False,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        tie_word_embeddings=True,
+    )
 
 
 def from_hf_config(hf_cfg) -> XLNetConfig:
@@ -85,10 +117,20 @@ def from_hf_config(hf_cfg) -> XLNetConfig:
         raise ValueError("same_length=True (every query sees the same number of keys) is not implemented here")
     if hf_cfg.ff_activation != "gelu":
         raise ValueError(f"ff_activation={hf_cfg.ff_activation!r}: only XLNet's 'gelu' is implemented here")
-    return XLNetConfig(n_layer=hf_cfg.n_layer, n_head=hf_cfg.n_head, d_model=hf_cfg.d_model, d_ff=hf_cfg.d_inner,
-                       vocab_size=hf_cfg.vocab_size, mem_len=hf_cfg.mem_len or 0, reuse_len=hf_cfg.reuse_len or 0,
-                       attn_type=hf_cfg.attn_type, bi_data=hf_cfg.bi_data, clamp_len=max(hf_cfg.clamp_len, 0),
-                       layer_norm_eps=hf_cfg.layer_norm_eps, dropout=hf_cfg.dropout)
+    return XLNetConfig(
+        n_layer=hf_cfg.n_layer,
+        n_head=hf_cfg.n_head,
+        d_model=hf_cfg.d_model,
+        d_ff=hf_cfg.d_inner,
+        vocab_size=hf_cfg.vocab_size,
+        mem_len=hf_cfg.mem_len or 0,
+        reuse_len=hf_cfg.reuse_len or 0,
+        attn_type=hf_cfg.attn_type,
+        bi_data=hf_cfg.bi_data,
+        clamp_len=max(hf_cfg.clamp_len, 0),
+        layer_norm_eps=hf_cfg.layer_norm_eps,
+        dropout=hf_cfg.dropout,
+    )
 
 
 def import_hf(hf_model) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
@@ -101,8 +143,14 @@ def import_hf(hf_model) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
     return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
 
 
-def export_hf(cfg: XLNetConfig, state_dict: dict[str, torch.Tensor], out_dir: str, *,
-              tokenizer_file: str | None = None, profile: str | None = None) -> None:
+def export_hf(
+    cfg: XLNetConfig,
+    state_dict: dict[str, torch.Tensor],
+    out_dir: str,
+    *,
+    tokenizer_file: str | None = None,
+    profile: str | None = None,
+) -> None:
     """Write a folder ``XLNetLMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load
     (safetensors weights). The tokenizer pads on the left, as XLNet puts ``<cls>`` last, and returns
     no token_type_ids: the ``plm`` objective trains without segments, and transformers adds the
@@ -113,11 +161,23 @@ def export_hf(cfg: XLNetConfig, state_dict: dict[str, torch.Tensor], out_dir: st
 
     tok, ids = None, {}
     if tokenizer_file:
-        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token",
-                 "mask": "mask_token", "cls": "cls_token", "sep": "sep_token"}
+        names = {
+            "bos": "bos_token",
+            "eos": "eos_token",
+            "unk": "unk_token",
+            "pad": "pad_token",
+            "mask": "mask_token",
+            "cls": "cls_token",
+            "sep": "sep_token",
+        }
         roles = {names[r]: t for r, t in PROFILES[profile or "xlnet"].roles.items() if r in names}
-        tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, model_max_length=cfg.context_length,
-                                      padding_side="left", model_input_names=["input_ids", "attention_mask"], **roles)
+        tok = PreTrainedTokenizerFast(
+            tokenizer_file=tokenizer_file,
+            model_max_length=cfg.context_length,
+            padding_side="left",
+            model_input_names=["input_ids", "attention_mask"],
+            **roles,
+        )
         ids = {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id}
     model = XLNetLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), **ids))
     missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict, cfg), strict=False)

@@ -20,6 +20,7 @@ tensor per layer. The loss is the objective's: cross-entropy of ``logits`` (B, P
 with positions). Padding goes on the left (``<cls>`` is last); ``attention_mask`` keeps padded keys
 out of every real position's attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,10 +66,12 @@ NAMED = "the paper reuses BERT's 110M / 340M names; the count is transformers' X
 PAPER_MEMORY = dict(context_length=512, mem_len=384, reuse_len=256)
 FLAVORS: dict[str, Flavor] = {
     "xlnet-tiny": Flavor(XLNetConfig(n_layer=2, n_head=4, d_model=64, d_ff=256, vocab_size=8192, context_length=256)),
-    "xlnet-base": Flavor(XLNetConfig(n_layer=12, n_head=12, d_model=768, d_ff=3072, **PAPER_MEMORY),
-                         110e6, 0.07, NAMED),  # 116.75M
-    "xlnet-large": Flavor(XLNetConfig(n_layer=24, n_head=16, d_model=1024, d_ff=4096, **PAPER_MEMORY),
-                          340e6, 0.07, NAMED),  # 360.30M
+    "xlnet-base": Flavor(
+        XLNetConfig(n_layer=12, n_head=12, d_model=768, d_ff=3072, **PAPER_MEMORY), 110e6, 0.07, NAMED
+    ),  # 116.75M
+    "xlnet-large": Flavor(
+        XLNetConfig(n_layer=24, n_head=16, d_model=1024, d_ff=4096, **PAPER_MEMORY), 340e6, 0.07, NAMED
+    ),  # 360.30M
 }
 
 
@@ -110,9 +113,15 @@ def relative_positions(cfg: XLNetConfig, *, qlen: int, klen: int, batch: int, de
     return torch.cat([e[None].expand(batch // 2, -1, -1) for e in embs])
 
 
-def attention_masks(cfg: XLNetConfig, *, qlen: int, mlen: int, pad: torch.Tensor | None,
-                    perm_mask: torch.Tensor | None, device: torch.device
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def attention_masks(
+    cfg: XLNetConfig,
+    *,
+    qlen: int,
+    mlen: int,
+    pad: torch.Tensor | None,
+    perm_mask: torch.Tensor | None,
+    device: torch.device,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(mask_h, mask_g), each (B or 1, T, M + T) boolean, True = may not attend; None when nothing
     is masked. ``pad`` (B, T): padded keys; ``perm_mask`` (B, T, T): the factorisation order.
     Memory columns stay visible (transformers' convention)."""
@@ -152,8 +161,15 @@ class RelativeAttention(nn.Module):
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:2], self.n_head, self.d_head).transpose(1, 2)  # (B, L, d) -> (B, H, L, d_head)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_r: torch.Tensor,
-                seg: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_r: torch.Tensor,
+        seg: torch.Tensor | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         """q (B, H, T, dh); k, v (B, H, K, dh); k_r (1 or B, H, R, dh) -> (B, H, T, dh)."""
         ac = (q + self.content_bias[:, None]) @ k.transpose(-1, -2)  # (B, H, T, K) content
         bd = rel_shift((q + self.position_bias[:, None]) @ k_r.transpose(-1, -2), k.shape[2])  # position
@@ -166,8 +182,9 @@ class RelativeAttention(nn.Module):
             scores = scores.masked_fill(mask[:, None], torch.finfo(scores.dtype).min)
         return self.drop(scores.float().softmax(-1).to(v.dtype)) @ v  # softmax in fp32 under bf16 too
 
-    def forward(self, h: torch.Tensor, g: torch.Tensor | None, mem: torch.Tensor | None,
-                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, h: torch.Tensor, g: torch.Tensor | None, mem: torch.Tensor | None, ctx: AttentionContext
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """h (B, T, d), g (B, P, d), mem (B, M, d) -> attention outputs of both streams (after ``o``)."""
         merge = lambda y: self.o(y.transpose(1, 2).flatten(2))  # noqa: E731  (B, H, L, dh) -> (B, L, d)
         keys = h if mem is None else torch.cat([mem.to(h.dtype), h], dim=1)  # (B, K, d)
@@ -203,8 +220,9 @@ class XLNetBlock(nn.Module):
         self.ffn = FeedForward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, h: torch.Tensor, g: torch.Tensor | None, mem: torch.Tensor | None,
-                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, h: torch.Tensor, g: torch.Tensor | None, mem: torch.Tensor | None, ctx: AttentionContext
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a_h, a_g = self.attn(h, g, mem, ctx)
         h = self.ffn(self.ln_attn(h + self.drop(a_h)))
         return h, None if g is None else self.ffn(self.ln_attn(g + self.drop(a_g)))
@@ -219,8 +237,9 @@ class XLNetEmbedding(nn.Module):
         self.mask_emb = nn.Parameter(torch.zeros(cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, input_ids: torch.Tensor, target_mapping: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, input_ids: torch.Tensor, target_mapping: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = self.drop(self.word(input_ids))  # (B, T, d)
         if target_mapping is None:
             return h, None
@@ -266,9 +285,16 @@ class XLNet(nn.Module):
         layers (a block takes both streams, its memory and the shared attention context)."""
         return [self.embed, *self.blocks, self.head]
 
-    def _context(self, input_ids: torch.Tensor, mlen: int, perm_mask: torch.Tensor | None,
-                 target_mapping: torch.Tensor | None, token_type_ids: torch.Tensor | None,
-                 attention_mask: torch.Tensor | None, input_mask: torch.Tensor | None) -> AttentionContext:
+    def _context(
+        self,
+        input_ids: torch.Tensor,
+        mlen: int,
+        perm_mask: torch.Tensor | None,
+        target_mapping: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        input_mask: torch.Tensor | None,
+    ) -> AttentionContext:
         B, T = input_ids.shape
         if attention_mask is not None and input_mask is not None:
             raise ValueError("pass attention_mask (1 = token) or input_mask (1 = padding), not both")
@@ -277,8 +303,9 @@ class XLNet(nn.Module):
             pad = attention_mask == 0
         elif input_mask is not None:
             pad = input_mask > 0
-        mask_h, mask_g = attention_masks(self.cfg, qlen=T, mlen=mlen, pad=pad, perm_mask=perm_mask,
-                                         device=input_ids.device)
+        mask_h, mask_g = attention_masks(
+            self.cfg, qlen=T, mlen=mlen, pad=pad, perm_mask=perm_mask, device=input_ids.device
+        )
         seg = None
         if token_type_ids is not None:  # memory counts as segment 0 (transformers' convention)
             keys = F.pad(token_type_ids, (mlen, 0))
@@ -288,15 +315,21 @@ class XLNet(nn.Module):
 
     def _cache(self, h: torch.Tensor, mem: torch.Tensor | None) -> torch.Tensor:
         """The next segment's memory for one layer: (B, <= mem_len, d), cut from the graph."""
-        cur = h[:, :self.cfg.reuse_len] if self.cfg.reuse_len > 0 else h
+        cur = h[:, : self.cfg.reuse_len] if self.cfg.reuse_len > 0 else h
         full = cur if mem is None else torch.cat([mem.to(cur.dtype), cur], dim=1)
-        return full[:, -self.cfg.mem_len:].detach()
+        return full[:, -self.cfg.mem_len :].detach()
 
-    def streams(self, input_ids: torch.Tensor, *, perm_mask: torch.Tensor | None = None,
-                target_mapping: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, input_mask: torch.Tensor | None = None,
-                mems: list[torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None]:
+    def streams(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        input_mask: torch.Tensor | None = None,
+        mems: list[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None]:
         """-> (h (B, T, d) content stream, g (B, P, d) query stream or None, new memory or None)."""
         mlen = mems[0].shape[1] if mems else 0
         ctx = self._context(input_ids, mlen, perm_mask, target_mapping, token_type_ids, attention_mask, input_mask)
@@ -317,19 +350,32 @@ class XLNet(nn.Module):
         the last one, ``<cls>``). ``inputs``: as ``forward``, without target_mapping."""
         return self.streams(input_ids, **inputs)[0]
 
-    def forward(self, input_ids: torch.Tensor, *, perm_mask: torch.Tensor | None = None,
-                target_mapping: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, input_mask: torch.Tensor | None = None,
-                mems: list[torch.Tensor] | None = None) -> dict:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        input_mask: torch.Tensor | None = None,
+        mems: list[torch.Tensor] | None = None,
+    ) -> dict:
         """``logits``: (B, P, V) from the query stream when ``target_mapping`` (B, P, T) is given, else
         (B, T, V) from the content stream; ``mems``: one (B, <= mem_len, d) tensor per layer (None
         when ``mem_len`` is 0); ``hidden_states``: (B, T, d) content stream.
         ``perm_mask`` (B, T, T): 1 = i may not attend to j; ``attention_mask`` (B, T): 1 = token,
         or ``input_mask``: 1 = padding; ``token_type_ids`` (B, T): any ids, compared for equality;
         ``mems``: the previous call's."""
-        h, g, new_mems = self.streams(input_ids, perm_mask=perm_mask, target_mapping=target_mapping,
-                                      token_type_ids=token_type_ids, attention_mask=attention_mask,
-                                      input_mask=input_mask, mems=mems)
+        h, g, new_mems = self.streams(
+            input_ids,
+            perm_mask=perm_mask,
+            target_mapping=target_mapping,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            input_mask=input_mask,
+            mems=mems,
+        )
         return {"logits": self.head(h if g is None else g), "mems": new_mems, "hidden_states": h}
 
     def num_flops_per_token(self, seq_len: int, *, mem_len: int = 0) -> float:

@@ -1,5 +1,6 @@
 """Named fine-tuning recipes: ``<name>.yaml`` in this folder holds ``glm finetune`` option values
 (``--recipe NAME`` or a path to such a file); options given on the command line win over them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,9 @@ def load_recipe(name_or_path: str) -> dict:
     """The option values of a named recipe (``gpt``) or a YAML file; unknown keys are refused."""
     path = Path(name_or_path) if name_or_path.endswith((".yaml", ".yml")) else HERE / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise FinetuneError(f"no fine-tuning recipe {name_or_path!r}; named ones: {', '.join(available())}, "
-                            "or give a .yaml path")
+        raise FinetuneError(
+            f"no fine-tuning recipe {name_or_path!r}; named ones: {', '.join(available())}, or give a .yaml path"
+        )
     values = read_yaml_file(path, max_bytes=MAX_BYTES) or {}
     if not isinstance(values, dict):
         raise FinetuneError(f"{path}: a recipe is a mapping of option: value")
