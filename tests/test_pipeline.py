@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import ROOT, clean_env, job_info
 from data_pipeline.document import Document, Stats
@@ -644,6 +645,31 @@ def test_tokenize_reads_a_crawl_output_through_its_manifest_never_a_listing(samp
     (crawl / "manifest.json").unlink()  # a run that has not finished: nothing to tokenize yet
     with pytest.raises(FileNotFoundError, match="holds no finished crawl-pipeline run"):
         prepare_shards(source=str(crawl), out_dir=str(tmp_path / "tokens2"), vocab_size=400, workers=1)
+
+
+def test_a_crawl_output_is_a_data_mixture_source(sample_run, shards_dir, tmp_path):
+    """glm data run's output feeds a data mixture (issue 32): tokenized through its manifest on first
+    use with the first source's tokenizer, then drawn beside the pydoc shards at its weight."""
+    from glm_dist.config.schema import DataConfig
+    from glm_dist.data.loader import Loader
+    from glm_dist.data.mixture import build_missing, resolve_mixture
+
+    reference, _ = sample_run
+    crawl = tmp_path / "crawl"
+    listed = crawl_copy_with_leftover(reference, crawl)
+    tokens = tmp_path / "crawl-tokens"
+    data = DataConfig(
+        mixture=[
+            {"name": "pydoc", "shards_dir": shards_dir, "weight": 0.75},
+            {"name": "crawl", "shards_dir": str(tokens), "source": str(crawl), "weight": 0.25},
+        ]
+    )
+    build_missing(data)
+    assert json.loads((tokens / "manifest.json").read_text())["source"]["documents"] == listed
+    mixture = resolve_mixture(data, total_tokens=1)
+    batches = Loader(mixture, seq_len=32, micro_batch_size=8, seed=3).next_step()
+    sources = torch.cat([b["source"] for b in batches]).tolist()
+    assert sources.count(1) == 2 and sources.count(0) == 6  # 25 % of the 8 rows
 
 
 def test_token_shards_on_object_storage_from_a_crawl_output_there_appear_whole_through_their_manifest(
