@@ -2,8 +2,8 @@
 
 A family is a package ``families/<family>/`` whose ``spec.py`` builds its ``FamilySpec`` row(s)
 (``families/spec.py``): flavors and config factory, model class, objectives, layouts, transformers
-adapter, fine-tuning facts. This module only gathers them -- adding a family is one folder and one
-line below -- and answers the questions the rest of the library asks by family name. No other
+adapter, fine-tuning facts. This module only gathers them -- adding a family is one folder, its import
+and its place in ``FAMILIES`` below -- and answers the questions the rest of the library asks by family name. No other
 module tests a family's name (tests/test_registries.py).
 """
 
