@@ -6,6 +6,8 @@ import dataclasses
 from typing import Any
 
 from glm_common.config_bounds import TOKENS, check_bounds
+from data_pipeline.remote import check_scheme
+from data_pipeline.sources import check_source
 from glm_dist.config.layout import Layout, check_layout
 from glm_dist.config.loader import ConfigError, source_of
 from glm_dist.config.schema import Config, ModelConfig
@@ -112,9 +114,6 @@ LOCATION_KEYS = (
 
 
 def check_locations(cfg: Config) -> None:
-    from data_pipeline.remote import check_scheme
-    from data_pipeline.sources import check_source
-
     for key in LOCATION_KEYS:
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)

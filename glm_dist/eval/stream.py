@@ -16,8 +16,11 @@ from typing import Iterator, TextIO
 import torch
 from tokenizers import Tokenizer
 
+from data_pipeline.tokenize.profiles import special_ids
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.errors import GlmError
+from glm_dist.eval.run import load_checkpoint_model
+from glm_dist.families.registry import exported_module, family
 from glm_dist.models.generate import Decoder, GenerationConfig, filter_logits, generate
 
 
@@ -31,9 +34,6 @@ class LoadedModel:
 
 def load_decoder(checkpoint: str) -> LoadedModel:
     """A checkpoint's model (eval mode, on the GPU when there is one), tokenizer and special ids."""
-    from data_pipeline.tokenize.profiles import special_ids
-    from glm_dist.eval.run import load_checkpoint_model
-    from glm_dist.families.registry import exported_module, family
 
     model, meta = load_checkpoint_model(checkpoint)
     spec = family(meta["model_family"])

@@ -23,6 +23,8 @@ from torch import nn
 
 from glm_dist.objectives.base import IGNORE_INDEX, token_report
 from glm_dist.parallel import comm
+from glm_dist.parallel.init import init_stage
+from glm_dist.parallel.tensor import mark_for_grad_norm as mark_tensor_parallel
 
 TIED = "embed"
 
@@ -64,8 +66,6 @@ def _fill(model: nn.Module, pipe: nn.Module, rename, local_seed: int | None, *, 
     if local_seed is None:
         copy_weights(model, pipe, rename=rename)
     else:
-        from glm_dist.parallel.init import init_stage
-
         init_stage(pipe, rename, std=std(model.cfg), seed=local_seed)
 
 
@@ -111,10 +111,8 @@ def mark_for_grad_norm(pipe, tensor_rank: int = 0) -> None:
     ranks) only if it is marked ``model_parallel`` -- unmarked ones count on model-parallel rank 0
     alone. Every stage's own parameters are marked (replicated ones on tensor rank 0 only); the
     tied embedding's copy on a later stage is not, so the shared matrix counts once."""
-    from glm_dist.parallel.tensor import mark_for_grad_norm as mark
-
     tied = {id(p) for p in pipe.tied_modules.parameters()} if hasattr(pipe, "tied_modules") else set()
-    mark(pipe, tensor_rank, exclude=tied if pipe.stage_id != 0 else set())
+    mark_tensor_parallel(pipe, tensor_rank, exclude=tied if pipe.stage_id != 0 else set())
 
 
 def unpipelined_name(key: str, n_layer: int, after: dict[int, str]) -> str | None:

@@ -45,6 +45,7 @@ from torch import nn
 
 from glm_dist.config.deepspeed_json import zero_buffers
 from glm_dist.ops.cross_entropy import CHUNK_TOKENS, loss_logits_bytes
+from glm_dist.parallel.tensor import tensor_parameters, vocab_parameters
 
 GB = 2**30
 # DeepSpeed's engine all-reduces the gradients of ZeRO-0/1 from flat copies of up to this many
@@ -73,7 +74,6 @@ class ModelShape:
 def model_shape(spec, model_cfg) -> ModelShape:
     """The shape of ``spec``'s model (a family's ``FamilySpec`` row: ``family(name)``) at ``model_cfg``,
     built on the meta device: its units, and what its plans split."""
-    from glm_dist.parallel.tensor import tensor_parameters, vocab_parameters
 
     with torch.device("meta"):
         model = spec.model(model_cfg)

@@ -25,6 +25,7 @@ from glm_dist.data.shared import TensorShared
 from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.mixture import run_mixture
 from glm_dist.data.prepare import ensure_shards, run_shards_dir
+from glm_dist.eval.in_loop import in_loop_eval
 from glm_dist.eval.perplexity import byte_length_table, evaluate, evaluate_sources
 from glm_dist.models.common import count_parameters
 from glm_dist.families.registry import build_model, family, resolve
@@ -43,7 +44,11 @@ from glm_dist.parallel import comm
 from glm_dist.parallel.compile import compile_blocks
 from glm_dist.parallel.distributed import DistInfo, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
-from glm_dist.parallel import fragments
+from glm_dist.parallel import fragments, pipeline
+from glm_dist.parallel.init import init_whole, partitioned_build
+from glm_dist.parallel.memory import rank_model_states
+from glm_dist.parallel.pipeline import NonFiniteGuard, pipeline_validate
+from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, model_vocab_split, shard_model
 from glm_dist.parallel.topology import Topology
 from glm_dist.train.checkpoint import CheckpointManager
 from glm_dist.train.streams import StreamMemory
@@ -143,8 +148,6 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg.train, groups)
         self.engine = build_engine(model, self.optimizer, cfg, dp_size=dp_size, mpu=self.mpu)
         if self.pipelined:
-            from glm_dist.parallel.pipeline import NonFiniteGuard
-
             self.guard = NonFiniteGuard(self.engine, self.optimizer, stop=lambda: self.stop.received is not None)
         # Transformer-XL memory: the batch becomes parallel streams, each with its memory (train/streams.py)
         self.memory = StreamMemory() if family(cfg.model.family).streams(self.model_cfg) else None
@@ -218,8 +221,6 @@ class Trainer:
         )
         self.tasks = None  # in-loop lm-eval tasks (eval/in_loop.py); lm-eval is imported only when asked for
         if cfg.eval.tasks:
-            from glm_dist.eval.in_loop import in_loop_eval
-
             self.tasks = in_loop_eval(cfg, self.engine.module, tok, dp_rank, dp_size)
         self.stop = StopRequest(cfg.train.stop_signals)
         self.stop_agreed = False  # set by each step's all-reduce
@@ -240,8 +241,6 @@ class Trainer:
     def _tensor_parallel(self, model):
         """Attention heads and FFN width split over the tensor-parallel group (no pipeline); the
         vocabulary too, and the sequence, where the config and the family ask for it."""
-        from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, model_vocab_split, shard_model
-
         self.mpu = ParallelGroups(self.topo, self.dist.rank)
         self.tensor_group = self.mpu.get_model_parallel_group()
         shard_model(
@@ -274,8 +273,6 @@ class Trainer:
         if cfg.train.init != "local" or cfg.parallel.pipeline_stages > 1:
             with torch.device("meta") if self.local_init else contextlib.nullcontext():
                 return build_model(cfg.model.family, self.model_cfg)
-        from glm_dist.parallel.init import init_whole, partitioned_build
-
         rule = dict(std=family(cfg.model.family).init_std(self.model_cfg), seed=cfg.train.seed)
         if cfg.parallel.zero_stage == 3:  # parameters partitioned as they are made (deepspeed.zero.Init)
             dp = self.dist.world_size // cfg.parallel.tensor_parallel
@@ -290,9 +287,6 @@ class Trainer:
         """The model cut into ``parallel.pipeline_stages`` DeepSpeed pipeline stages (each split
         over ``parallel.tensor_parallel`` ranks when that is > 1)."""
         from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
-
-        from glm_dist.parallel import pipeline
-        from glm_dist.parallel.tensor import model_vocab_split, shard_model
 
         cfg, n_layer = self.cfg, self.model_cfg.n_layer
         topology = PipeModelDataParallelTopology(
@@ -467,8 +461,6 @@ class Trainer:
 
     def _write_memory(self) -> None:
         """This rank's measured model-state bytes (``glm plan`` predicts them; tests compare)."""
-        from glm_dist.parallel.memory import rank_model_states
-
         path = Path(self.cfg.train.out_dir) / f"model_states_rank{self.dist.rank}.json"
         path.write_text(
             json.dumps(
@@ -578,8 +570,6 @@ class Trainer:
 
     def _evaluate(self, batches: list[tuple[dict, float]]) -> dict:
         if self.pipelined:
-            from glm_dist.parallel.pipeline import pipeline_validate
-
             metrics = pipeline_validate(self.engine, batches, self.byte_lengths, self.objective)
             metrics["tokens"] //= self.topo.pipeline * self.topo.tensor
             return metrics
