@@ -25,7 +25,6 @@ from glm_dist.data.shared import TensorShared
 from glm_dist.data.workers import WorkerLoader
 from glm_dist.data.mixture import run_mixture
 from glm_dist.data.prepare import ensure_shards, run_shards_dir
-from glm_dist.eval.in_loop import in_loop_eval
 from glm_dist.eval.perplexity import byte_length_table, evaluate, evaluate_sources
 from glm_dist.models.common import count_parameters
 from glm_dist.families.registry import build_model, family, resolve
@@ -221,6 +220,8 @@ class Trainer:
         )
         self.tasks = None  # in-loop lm-eval tasks (eval/in_loop.py); lm-eval is imported only when asked for
         if cfg.eval.tasks:
+            from glm_dist.eval.in_loop import in_loop_eval  # lazy: lm-eval is an optional extra
+
             self.tasks = in_loop_eval(cfg, self.engine.module, tok, dp_rank, dp_size)
         self.stop = StopRequest(cfg.train.stop_signals)
         self.stop_agreed = False  # set by each step's all-reduce
