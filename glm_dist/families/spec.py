@@ -56,6 +56,21 @@ class HFAdapter(Protocol):
         inverse of ``export_hf``'s names), ready for ``model(cfg).load_state_dict``."""
 
 
+def load_exported(hf_model: nn.Module, hf_state_dict: dict[str, torch.Tensor], *, unused: tuple[str, ...] = ()) -> None:
+    """Load an adapter's renamed weights into the transformers model it exports; any name left over on
+    either side is an error, except transformers' own buffers ending in ``unused`` (masks, position ids)."""
+    missing, unexpected = hf_model.load_state_dict(hf_state_dict, strict=False)
+    missing = [k for k in missing if not k.endswith(unused)] if unused else missing
+    if missing or unexpected:
+        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+
+
+def state_dict_keys(model_cls: type[nn.Module], cfg: Any) -> list[str]:
+    """The parameter and buffer names of ``model_cls(cfg)``, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        return list(model_cls(cfg).state_dict())
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     build: str  # "module:function" -> PipelineModule of (model, stages=, topology=, partition=, ...)

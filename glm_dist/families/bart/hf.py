@@ -7,6 +7,7 @@ import re
 import torch
 
 from glm_dist.families.bart.model import BartConfig
+from glm_dist.families.spec import load_exported, state_dict_keys
 
 _BLOCK = {
     "self_attn": "self_attn",
@@ -102,9 +103,7 @@ def import_hf(hf_model) -> tuple[BartConfig, dict[str, torch.Tensor]]:
     from glm_dist.families.bart.model import Bart
 
     cfg = from_hf_config(hf_model.config)
-    with torch.device("meta"):
-        keys = list(Bart(cfg).state_dict())
-    return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
+    return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(Bart, cfg))
 
 
 def export_hf(
@@ -118,9 +117,7 @@ def export_hf(
     from transformers import BartForConditionalGeneration, PreTrainedTokenizerFast
 
     model = BartForConditionalGeneration(to_hf_config(cfg))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    load_exported(model, to_hf_state_dict(state_dict))
     model.save_pretrained(out_dir)
     if tokenizer_file:
         PreTrainedTokenizerFast(

@@ -12,6 +12,7 @@ import re
 import torch
 
 from glm_dist.families.bert.model import EncoderConfig
+from glm_dist.families.spec import load_exported, state_dict_keys
 
 _BLOCK_BERT = {  # ours -> transformers, inside "<prefix>.encoder.layer.{i}."
     "attn.query": "attention.self.query",
@@ -209,9 +210,7 @@ def import_hf(hf_model) -> tuple[EncoderConfig, dict[str, torch.Tensor]]:
     if kind not in _HEADS:
         raise ValueError(f"no import from transformers' {kind}: one of {', '.join(_HEADS)}")
     cfg = from_hf_config(hf_model.config, _HEADS[kind])
-    with torch.device("meta"):
-        keys = list(Encoder(cfg).state_dict())
-    return cfg, from_hf_state_dict(hf_model.state_dict(), keys, cfg)
+    return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(Encoder, cfg), cfg)
 
 
 def export_hf(
@@ -228,10 +227,7 @@ def export_hf(
     from data_pipeline.tokenize.profiles import PROFILES
 
     model = hf_model_class(cfg)(to_hf_config(cfg))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict, cfg), strict=False)
-    missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids", "bias"))]
-    if missing or unexpected:
-        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    load_exported(model, to_hf_state_dict(state_dict, cfg), unused=("position_ids", "token_type_ids", "bias"))
     model.save_pretrained(out_dir)
     if tokenizer_file:
         roles = PROFILES[profile].roles if profile else {}

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
+from glm_dist.families.spec import load_exported
 
 # ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
 _BLOCK = {
@@ -139,10 +140,9 @@ def export_hf(
         )
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), strict=False)
-    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
-    if missing or unexpected:
-        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    load_exported(
+        model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), unused=(".attn.bias", ".attn.masked_bias")
+    )
     model.save_pretrained(out_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)

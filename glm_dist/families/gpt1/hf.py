@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
+from glm_dist.families.spec import load_exported
 
 _BLOCK = {
     "ln_1": "ln_1",
@@ -140,9 +141,7 @@ def export_hf(
         )
         eot_id = tokenizer.convert_tokens_to_ids(eot_token)
     model = OpenAIGPTLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    load_exported(model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)))
     model.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)

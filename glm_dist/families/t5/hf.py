@@ -7,6 +7,7 @@ import re
 import torch
 
 from glm_dist.families.t5.model import T5Config
+from glm_dist.families.spec import load_exported, state_dict_keys
 
 
 def hf_name(ours: str) -> str:
@@ -103,9 +104,7 @@ def import_hf(hf_model) -> tuple[T5Config, dict[str, torch.Tensor]]:
     from glm_dist.families.t5.model import T5
 
     cfg = from_hf_config(hf_model.config)
-    with torch.device("meta"):
-        keys = list(T5(cfg).state_dict())
-    return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
+    return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(T5, cfg))
 
 
 def export_hf(
@@ -124,9 +123,7 @@ def export_hf(
             "cannot be exported faithfully; export T5 1.0 (tied) models"
         )
     model = T5ForConditionalGeneration(to_hf_config(cfg))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    load_exported(model, to_hf_state_dict(state_dict))
     model.save_pretrained(out_dir)
     if tokenizer_file:
         PreTrainedTokenizerFast(

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.xlnet.model import XLNetConfig
+from glm_dist.families.spec import load_exported, state_dict_keys
 
 _TOP = {
     "embed.word.weight": "transformer.word_embedding.weight",
@@ -138,9 +139,7 @@ def import_hf(hf_model) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
     from glm_dist.families.xlnet.model import XLNet
 
     cfg = from_hf_config(hf_model.config)
-    with torch.device("meta"):
-        keys = list(XLNet(cfg).state_dict())
-    return cfg, from_hf_state_dict(hf_model.state_dict(), keys)
+    return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(XLNet, cfg))
 
 
 def export_hf(
@@ -180,9 +179,7 @@ def export_hf(
         )
         ids = {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id}
     model = XLNetLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), **ids))
-    missing, unexpected = model.load_state_dict(to_hf_state_dict(state_dict, cfg), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    load_exported(model, to_hf_state_dict(state_dict, cfg))
     model.save_pretrained(out_dir)
     if tok is not None:
         tok.save_pretrained(out_dir)
