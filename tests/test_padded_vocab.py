@@ -2,7 +2,8 @@
 computes as the unpadded one -- the same logits, loss and gradients in fp32, never a padding id
 generated, published parameter counts, exports of the real size that transformers reproduces, and
 unpadded state dicts (checkpoints from before, transformers models) load. Under the vocabulary split
-of tensor parallelism the padding falls on the last rank's rows and is left out there too."""
+of tensor parallelism the padding falls on the last rank's rows and is left out there too; a pipeline's
+last stage holds the padded tied matrix and scores as the head does."""
 
 from __future__ import annotations
 
@@ -151,16 +152,36 @@ def test_parameter_counts_and_flops_count_the_real_vocabulary(name):
     assert padded.num_flops_per_token(1024) == whole.num_flops_per_token(1024)
 
 
-def test_a_padded_gpt_is_refused_by_the_pipeline_with_the_fix():
-    from glm_dist.config.checks import validate
-    from glm_dist.config.loader import ConfigError, load_config
-    from tests.conftest import TINY
+def test_the_pipelines_last_stage_scores_the_real_vocabulary_from_the_padded_tied_matrix():
+    """The last stage's tied copy has the embedding's padded shape (one tied matrix, one checkpoint
+    tensor) and its logits are the head's: the real vocabulary, the padding never predicted."""
+    from glm_dist.families.gpt.pipeline import TiedOutput, _logits
 
-    stages = ["model.pad_vocab_to_multiple_of=128", "parallel.pipeline_stages=2"]
-    validate(load_config(TINY, stages), world_size=2)  # 8192 tokens: a multiple already, nothing padded
-    cfg = load_config(TINY, [*stages, "model.vocab_size=8200"])
-    with pytest.raises(ConfigError, match="unpadded, .* set model.pad_vocab_to_multiple_of=1 to pipeline"):
-        validate(cfg, world_size=2)
+    _, padded = _pair()
+    out = TiedOutput(padded.cfg)
+    out.load_state_dict({"wte.weight": padded.embed.wte.weight})  # the 10x padding rows too
+    x = _batch()["input_ids"]
+    with torch.no_grad():
+        hidden = padded(x, project=lambda h, w, b: h)  # (3, 40, C) after the final norm
+        logits = _logits(out, hidden, padding=84)
+        torch.testing.assert_close(logits, padded(x), rtol=0, atol=0)
+    assert logits.shape == (3, 40, VOCAB) and int(predicted(logits).max()) < VOCAB
+
+
+@pytest.mark.slow
+def test_a_padded_gpt_pipelined_over_two_stages_trains_as_one_process(shards_dir, tmp_path):
+    """Vocabulary 2100 padded to 2176 (the shards' ids stay below 2048): PP=2 gives the one-process
+    losses step by step -- were the padding in the last stage's softmax, they would rise by about
+    log(2176 / 2100) = 0.036 -- and its checkpoint consolidates to the one-process tensors."""
+    from tests.test_parallel import PIPE_TOL, assert_same_weights, pipe_run
+
+    padded = ["model.vocab_size=2100", "model.pad_vocab_to_multiple_of=128", "train.max_steps=3"]
+    one = pipe_run(shards_dir, tmp_path / "one", *padded, "train.grad_accum_steps=4")
+    pp2 = pipe_run(
+        shards_dir, tmp_path / "pp2", *padded, "train.grad_accum_steps=4", "parallel.pipeline_stages=2", nproc=2
+    )
+    assert len(pp2) == len(one) == 3 and max(abs(a - b) for a, b in zip(pp2, one)) <= PIPE_TOL, (one, pp2)
+    assert_same_weights(tmp_path / "pp2/checkpoints/step_00000003", tmp_path / "one/checkpoints/step_00000003")
 
 
 TP_SCRIPT = r"""
@@ -168,10 +189,11 @@ import json, sys
 from dataclasses import replace
 import torch, torch.distributed as dist
 from glm_dist.families.gpt.model import GPT, gpt_config
+from glm_dist.families.gpt.pipeline import TiedOutput, _logits
 from glm_dist.families.registry import family
 from glm_dist.objectives.registry import get_objective
 from glm_dist.ops.cross_entropy import cross_entropy, predicted, vocab_split
-from glm_dist.parallel.tensor import model_vocab_split, shard_model
+from glm_dist.parallel.tensor import model_vocab_split, shard_model, shard_vocab
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -182,6 +204,9 @@ padded = GPT(replace(cfg, pad_vocab_to_multiple_of=128))  # 384 rows: rank 1 hol
 padded.load_state_dict(whole.state_dict())
 with torch.no_grad():
     padded.embed.wte.weight[300:].normal_(0, 3.0)
+tied = TiedOutput(padded.cfg)  # a pipeline's last stage, split by its own VOCAB_PLAN
+tied.load_state_dict({"wte.weight": padded.embed.wte.weight})
+shard_vocab(tied, rank, 2, None, plans={})
 spec = family("gpt")
 shard_model(padded, rank, 2, None, plans=spec.tensor_plans, vocab_plans=spec.vocab_plans)
 split = model_vocab_split(padded)
@@ -197,12 +222,17 @@ with vocab_split(split):
         logits = padded(batch["input_ids"])  # this rank's columns, the padding's at -inf
         given = cross_entropy(logits, batch["labels"], reduction="mean")
         pred = predicted(logits)
+        staged = _logits(tied, whole(batch["input_ids"], project=lambda h, w, b: h), padding=84)
+        stage_loss = cross_entropy(staged, batch["labels"], reduction="mean")
+        stage_pred = predicted(staged)
 real = max(0, min(split.end, 300) - split.start)
 out = {"rows": [split.start, split.end], "width": logits.shape[-1], "loss": abs(float(loss) - float(ref)),
        "given": abs(float(given) - float(ref)),
        "grad": (wte[:real] - ref_wte[split.start:split.start + real]).abs().max().item(),
        "padding_grad": wte[real:].abs().max().item() if real < wte.shape[0] else 0.0,
-       "predicted": bool(torch.equal(pred, whole(batch["input_ids"]).argmax(-1)))}
+       "stage_loss": abs(float(stage_loss) - float(ref)),
+       "predicted": bool(torch.equal(pred, whole(batch["input_ids"]).argmax(-1))),
+       "stage_predicted": bool(torch.equal(stage_pred, whole(batch["input_ids"]).argmax(-1)))}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(out, f)
 dist.barrier()
@@ -211,7 +241,8 @@ dist.destroy_process_group()  # gloo's threads torn down before exit (else "term
 
 
 def test_vocab_parallel_padding_sits_on_the_last_rank_and_is_left_out(tmp_path):
-    """2 gloo ranks, vocabulary 300 padded to 384: each rank 192 rows, the last one 108 real."""
+    """2 gloo ranks, vocabulary 300 padded to 384: each rank 192 rows, the last one 108 real -- the
+    model's head, and a pipeline's last stage split the same way."""
     script = tmp_path / "script.py"
     script.write_text(TP_SCRIPT)
     proc = subprocess.run(
@@ -235,4 +266,4 @@ def test_vocab_parallel_padding_sits_on_the_last_rank_and_is_left_out(tmp_path):
     assert [r["rows"] for r in ranks] == [[0, 192], [192, 384]] and ranks[1]["width"] == 192
     for r in ranks:
         assert r["loss"] < 1e-5 and r["given"] < 1e-5 and r["grad"] < 1e-6 and r["padding_grad"] == 0.0
-        assert r["predicted"]
+        assert r["predicted"] and r["stage_loss"] < 1e-5 and r["stage_predicted"]

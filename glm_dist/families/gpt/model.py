@@ -119,16 +119,6 @@ def local_init_std(cfg: GPTConfig) -> Callable[[str], float]:
     return lambda name: scaled if name.endswith("proj.weight") else 0.02
 
 
-def pipeline_refusal(cfg: GPTConfig) -> str | None:
-    """Why a GPT cannot be cut into pipeline stages (None: it can)."""
-    if cfg.padded_vocab_size != cfg.vocab_size:
-        return (
-            "the pipeline's last stage keeps its own copy of the token embedding, unpadded, and scores whole "
-            "logits; set model.pad_vocab_to_multiple_of=1 to pipeline"
-        )
-    return None
-
-
 class GPTEmbedding(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()

@@ -2,16 +2,20 @@
 
 The layer list -- ``GPTEmbedding``, ``n_layer`` x ``GPTBlock``, the final LayerNorm, the output
 projection -- becomes layer specs of the same classes; the output projection is a tied copy of the
-token embedding on the last stage.
+token embedding on the last stage, padded as it is (``model.pad_vocab_to_multiple_of``), whose logits
+leave the padding out as ``GPTHead``'s do.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
-from glm_dist.families.gpt.model import GPT, GPTBlock, GPTEmbedding, local_init_std
-from glm_dist.models.common import VocabPlan
+from glm_dist.families.gpt.model import GPT, GPTBlock, GPTConfig, GPTEmbedding, local_init_std
+from glm_dist.models.common import VocabPlan, pad_vocab_rows
+from glm_dist.ops.cross_entropy import real_logits, vocab_padding
 from glm_dist.parallel.pipeline import TIED, build_pipeline, unpipelined_name
 from glm_dist.parallel.tensor import output_logits
 
@@ -21,13 +25,17 @@ class TiedOutput(nn.Module):
 
     VOCAB_PLAN = VocabPlan(embedding="wte")  # split by vocabulary like the first stage's embedding
 
-    def __init__(self, vocab_size: int, d_model: int):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.wte = nn.Embedding(vocab_size, d_model)
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)  # the first stage's shape: one tied matrix
+        pad_vocab_rows(self.wte, cfg.vocab_size)
 
 
-def _logits(module: TiedOutput, x: torch.Tensor) -> torch.Tensor:
-    return output_logits(module.wte, x)  # this rank's vocabulary columns when the embedding is split
+def _logits(module: TiedOutput, x: torch.Tensor, *, padding: int) -> torch.Tensor:
+    """(B, T, C) -> the logits the loss scores: the real vocabulary's (B, T, vocab), or under a vocabulary
+    split this rank's columns with the padding's at -inf -- ``GPTHead``'s logits, from the padded matrix."""
+    with vocab_padding(padding):
+        return real_logits(output_logits(module.wte, x))
 
 
 def gpt_source_name(key: str, n_layer: int) -> str | None:
@@ -48,7 +56,11 @@ def gpt_pipeline(model: GPT, *, stages: int, loss_fn, **layout):
         *[LayerSpec(GPTBlock, cfg, i) for i in range(cfg.n_layer)],
         LayerSpec(nn.LayerNorm, cfg.d_model, eps=cfg.layer_norm_eps),
         TiedLayerSpec(
-            TIED, TiedOutput, cfg.vocab_size, cfg.d_model, forward_fn=_logits, tied_weight_attr=["wte.weight"]
+            TIED,
+            TiedOutput,
+            cfg,
+            forward_fn=functools.partial(_logits, padding=cfg.padded_vocab_size - cfg.vocab_size),
+            tied_weight_attr=["wte.weight"],
         ),
     ]
     return build_pipeline(

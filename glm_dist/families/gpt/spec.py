@@ -42,7 +42,6 @@ FAMILIES = {
             "glm_dist.families.gpt.pipeline:gpt_pipeline",
             "glm_dist.families.gpt.pipeline:gpt_source_name",
             ("clm",),
-            gpt.pipeline_refusal,
         ),
         hf="glm_dist.families.gpt.hf",
         hf_classes=("GPT2LMHeadModel",),
