@@ -34,6 +34,7 @@ from glm_dist.errors import GlmError
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 2**20
+GATHER_BYTES_PER_RANGE = 64  # ranges shorter than this on average are copied by one gather
 OPEN_FILES = 16  # shard files kept open between steps
 FAILING_SHARDS = 3  # different shards failing in a row, nothing read between them: the data is unreachable
 MAX_BACKOFF_S = 60.0  # the longest wait between two attempts, however many retries
@@ -113,6 +114,18 @@ def empty_store(dtype: np.dtype) -> TokenStore:
     return TokenStore(z, z, z, np.zeros(0, dtype=bool), np.zeros(0, dtype=dtype))
 
 
+def _copy_ranges(data: bytes, offsets: np.ndarray, out: np.ndarray, bases: np.ndarray, sizes: np.ndarray) -> None:
+    """Copy the byte ranges ``[offsets, offsets + sizes)`` of ``data`` to ``[bases, bases + sizes)`` of ``out``:
+    one gather for many short ranges (its index costs 8 bytes per byte copied), slices for a few long ones."""
+    if int(sizes.sum()) > GATHER_BYTES_PER_RANGE * len(sizes):
+        for offset, base, size in zip(offsets.tolist(), bases.tolist(), sizes.tolist()):
+            out[base : base + size] = np.frombuffer(data, np.uint8, size, offset)
+        return
+    ends = np.cumsum(sizes)
+    within = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - sizes, sizes)  # place in its range
+    out[np.repeat(bases, sizes) + within] = np.frombuffer(data, np.uint8)[np.repeat(offsets, sizes) + within]
+
+
 @dataclass
 class RangeReader:
     table: DocTable
@@ -145,38 +158,55 @@ class RangeReader:
         ok = np.ones(len(doc), dtype=bool)
         start = np.asarray(self.table.token_offset[doc], dtype=np.int64) + first * itemsize
         stop, shard = start + lengths * itemsize, self.table.shard_of(doc)
-        for s, members, lo, hi in self._requests(shard, start, stop):
+        order, heads, shards, los, his = self._requests(shard, start, stop)
+        tails = np.append(heads[1:], len(order))
+        blobs = []
+        for r, (s, lo, hi) in enumerate(zip(shards.tolist(), los.tolist(), his.tolist())):
             try:
-                data = self._read(int(s), int(lo), int(hi - lo))
+                blobs.append(self._read(s, lo, hi - lo))
             except OSError as err:
+                members = order[heads[r] : tails[r]]
                 ok[members] = False
-                self._skip(int(s), doc[members], err)
+                self._skip(s, doc[members], err)
+                blobs.append(bytes(hi - lo))  # its intervals stay zeros, marked unread
                 continue
             self._failing.clear()
-            for m in members:
-                raw = data[start[m] - lo : stop[m] - lo]
-                buffer[bases[m] : bases[m + 1]] = np.frombuffer(raw, dtype=self.table.dtype)
+        at = np.cumsum([0, *map(len, blobs)])[:-1] - los  # each request's bytes in the joined blobs, less its lo
+        src = start[order] + np.repeat(at, tails - heads)
+        _copy_ranges(b"".join(blobs), src, buffer.view(np.uint8), bases[order] * itemsize, lengths[order] * itemsize)
         return TokenStore(doc << DOC_SHIFT | first, end, bases[:-1], ok, buffer)
 
-    def _requests(self, shard: np.ndarray, start: np.ndarray, stop: np.ndarray):
-        """(shard, member intervals, first byte, end byte) of each coalesced request."""
+    def _requests(self, shard: np.ndarray, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The coalesced requests: (the intervals in request order, where each request's intervals begin in
+        it, each request's shard, first byte and end byte). An interval joins the request before it when it
+        is in the same shard, starts at most ``gap_bytes`` after the end of every interval before it and keeps
+        the request within ``max_request_bytes``. Array operations, not a loop over intervals: a GloVe step
+        reads thousands of single-record intervals."""
         order = np.lexsort((start, shard))
-        current: list[int] = []
-        lo = hi = 0  # the open request's byte range, set when its first member joins
-        for m in order:
-            if current and (
-                shard[m] != shard[current[0]]
-                or start[m] - hi > self.gap_bytes
-                or max(hi, stop[m]) - lo > self.max_request_bytes
-            ):
-                yield shard[current[0]], current, lo, hi
-                current = []
-            if not current:
-                lo, hi = start[m], stop[m]
-            current.append(int(m))
-            hi = max(hi, stop[m])
-        if current:
-            yield shard[current[0]], current, lo, hi
+        if not len(order):
+            return (np.zeros(0, dtype=np.int64),) * 5
+        shard, start, stop = shard[order].astype(np.int64), start[order], stop[order]
+        apart = shard * (int(stop.max()) + 1)  # shards apart: one shard's ends never reach into the next
+        reach = np.maximum.accumulate(stop + apart) - apart  # the end of this interval and every one before it
+        joins = (shard[1:] == shard[:-1]) & (start[1:] - reach[:-1] <= self.gap_bytes)
+        heads = np.flatnonzero(np.concatenate([[True], ~joins]))
+        over = np.maximum.reduceat(stop, heads) - start[heads] > self.max_request_bytes
+        if over.any():
+            tails = np.append(heads[1:], len(order))
+            cuts = [i + self._cuts(start[i:j], stop[i:j]) for i, j in zip(heads[over], tails[over])]
+            heads = np.sort(np.concatenate([heads[~over], *cuts]))
+        return order, heads, shard[heads], start[heads], np.maximum.reduceat(stop, heads)
+
+    def _cuts(self, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        """Where requests of at most ``max_request_bytes`` begin in one run of joined intervals (an interval
+        over it is a request alone)."""
+        cuts = [0]
+        while True:
+            reach = np.maximum.accumulate(stop[cuts[-1] :])
+            n = max(1, int(np.searchsorted(reach - start[cuts[-1]] > self.max_request_bytes, True)))
+            if cuts[-1] + n >= len(start):
+                return np.array(cuts)
+            cuts.append(cuts[-1] + n)
 
     def _skip(self, shard: int, docs: np.ndarray, err: OSError) -> None:
         """Count the documents of a failed request; stop once several shards in a row failed."""
