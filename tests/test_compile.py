@@ -1,13 +1,15 @@
-"""train.compile: every transformer block runs as a dynamo-compiled graph (no graph break, no
-fallback to eager), gives the eager numbers, with activation checkpointing, ZeRO-2 and a pipeline;
-ZeRO-3 and tensor parallelism are refused. The tests compile with the aot_eager backend (dynamo's
-capture and AOT autograd, no kernel generation: seconds instead of minutes on 2 cores);
-bench/train_throughput.py --compile times inductor."""
+"""train.compile: every transformer block (scope blocks) or the whole model with its fused loss (scope
+model) runs as dynamo-compiled graphs (no graph break, no fallback to eager), gives the eager numbers,
+with activation checkpointing, ZeRO-1/2 with bf16 and (blocks) a pipeline; ZeRO-3 and tensor parallelism
+are refused, and so is the model scope under a pipeline. The tests compile with the aot_eager backend
+(dynamo's capture and AOT autograd, no kernel generation: seconds instead of minutes on 2 cores);
+bench/train_throughput.py --compile blocks|model|both times inductor."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -18,7 +20,8 @@ from glm_dist.config.checks import validate
 from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.families.registry import build_model, resolve_model_config
 from glm_dist.objectives.registry import get_objective
-from glm_dist.parallel.compile import compile_blocks, transformer_blocks
+from glm_dist.ops.cross_entropy import linear_cross_entropy
+from glm_dist.parallel.compile import compile_blocks, compile_model, transformer_blocks
 from tests.conftest import FAST, ROOT, TINY, clean_env, tagged_json, train_losses
 
 
@@ -32,6 +35,20 @@ def _loss_and_grads(model: GPT, batch: dict) -> tuple[torch.Tensor, list[torch.T
     return loss.detach(), [g.clone() for g in torch.autograd.grad(loss, list(model.parameters()))]
 
 
+def _batch() -> dict:
+    ids = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(1))
+    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+
+
+def _assert_matches(compiled: GPT, eager: GPT, batch: dict) -> None:
+    ref_loss, ref_grads = _loss_and_grads(eager, batch)
+    for _ in range(2):  # the second step runs the cached graphs
+        loss, grads = _loss_and_grads(compiled, batch)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_blocks_run_compiled_without_graph_breaks_and_match_eager(checkpointing):
     torch._dynamo.reset()
@@ -40,19 +57,65 @@ def test_blocks_run_compiled_without_graph_breaks_and_match_eager(checkpointing)
     assert compile_blocks(compiled, backend="aot_eager") == 2
     for m in (eager, compiled):
         m.activation_checkpointing = checkpointing
-    ids = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(1))
-    batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
-    ref_loss, ref_grads = _loss_and_grads(eager, batch)
-    for _ in range(2):  # the second step runs the cached graphs
-        loss, grads = _loss_and_grads(compiled, batch)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
-    for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_matches(compiled, eager, _batch())
     assert counters["frames"]["ok"] >= 2 and counters["frames"]["ok"] == counters["frames"]["total"]
     assert counters["stats"]["unique_graphs"] == 2  # one per kind of block, shared by blocks alike
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert not counters["inline_call"] and not counters["eager"], "a block fell back to eager"
     assert list(compiled.state_dict()) == list(eager.state_dict())  # names DeepSpeed and checkpoints see
+
+
+def test_the_whole_model_with_its_fused_loss_is_one_graph_and_matches_eager():
+    """Scope model: embedding, both blocks (under activation checkpointing), the final norm and the
+    chunked loss's forward and gradient (one autograd.Function, its chunk loop unrolled) in one graph."""
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+
+    def capture(gm, example_inputs):  # aot_eager, keeping every graph dynamo hands over
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    eager, compiled = _gpt(), _gpt()
+    assert compile_model(compiled, scope="model", backend=capture) == 1
+    for m in (eager, compiled):
+        m.activation_checkpointing = True
+    _assert_matches(compiled, eager, _batch())
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 1 and len(graphs) == 1
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    ops = {str(n.target) for gm in graphs for sub in gm.modules() if hasattr(sub, "graph") for n in sub.graph.nodes}
+    assert {"exp_", "scatter_add_", "autograd_function_apply", "tag_activation_checkpoint"} <= ops, sorted(ops)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+
+
+def test_the_loss_kernel_inside_a_compiled_model_is_traced_not_nested():
+    """On CUDA each chunk goes through its own compiled kernel; inside a compiled model the kernel's
+    function joins the model's graph instead (no nested compile, no trace through its cache)."""
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(40, 16, generator=g, requires_grad=True), torch.randn(300, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 300, (40,), generator=g)
+
+    def nll(compiled: bool) -> torch.Tensor:
+        return linear_cross_entropy(h, w, t, chunk_tokens=16, compiled=compiled).nll
+
+    ref = nll(False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*lru_cache")  # dynamo tracing through the kernel's cache
+        out = torch.compile(nll, backend="aot_eager")(True)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad(out, [h, w]), torch.autograd.grad(ref, [h, w])):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
+def test_compile_true_is_the_blocks_scope_and_model_is_a_scope():
+    assert load_config(TINY, ["train.compile=true"]).train.compile == "blocks"  # configs and checkpoints before scopes
+    assert load_config(TINY, ["train.compile=false"]).train.compile is False
+    assert load_config(TINY, ["train.compile=model"]).train.compile == "model"
+    with pytest.raises(ConfigError, match=r"'train.compile' = 'graph' .*must be one of"):
+        load_config(TINY, ["train.compile=graph"])
 
 
 @pytest.mark.parametrize(
@@ -78,11 +141,24 @@ def test_a_model_without_blocks_is_refused():
         compile_blocks(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("layout,world", [(["parallel.zero_stage=3"], 2), (["parallel.tensor_parallel=2"], 2)])
-def test_zero3_and_tensor_parallelism_are_refused_before_anything_runs(layout, world):
-    cfg = load_config(TINY, ["train.compile=true", *layout])
-    with pytest.raises(ConfigError, match="train.compile=true .* runs with ZeRO 0-2 and no tensor parallelism"):
-        validate(cfg, world_size=world)
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["train.compile=true", "parallel.zero_stage=3"], "train.compile=blocks .* runs with ZeRO 0-2 and no tensor"),
+        (["train.compile=model", "parallel.tensor_parallel=2"], "train.compile=model .* runs with ZeRO 0-2 and no"),
+        (["train.compile=model", "parallel.pipeline_stages=2"], "compiles the whole model, which a pipeline"),
+        (["train.compile=model", "train.compile_mode=reduce-overhead", "train.compile_backend=eager"], "is inductor's"),
+    ],
+)
+def test_layouts_a_compile_scope_cannot_run_are_refused_before_anything_runs(args, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(load_config(TINY, args), world_size=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_cuda_graphs_are_refused_without_cuda():
+    with pytest.raises(ConfigError, match="reduce-overhead replays CUDA graphs and this machine has no CUDA"):
+        compile_model(torch.nn.Linear(2, 2), scope="model", mode="reduce-overhead")
 
 
 FIT_SCRIPT = r"""
@@ -94,7 +170,8 @@ from glm_dist.train.loop import Trainer
 trainer = Trainer(load_config(sys.argv[1], sys.argv[2:]))
 trainer.fit()
 print("RESULT" + json.dumps({"rank": trainer.dist.rank, "frames": dict(counters["frames"]),
-                             "breaks": sum(counters["graph_break"].values())}))
+                             "breaks": sum(counters["graph_break"].values()),
+                             "graphs": counters["stats"]["unique_graphs"]}))
 """
 
 
@@ -141,3 +218,15 @@ def test_compiled_training_follows_eager_with_checkpointing_zero2_and_a_pipeline
     assert len(eager) == 3 and zero2 == pytest.approx(eager, abs=1e-5) and pipe == pytest.approx(eager, abs=1e-4)
     for r in [one, *ranks]:  # every stage ran its blocks compiled, none broke a graph or fell back
         assert r["frames"]["ok"] > 0 and r["frames"]["ok"] == r["frames"]["total"] and r["breaks"] == 0, r
+
+
+@pytest.mark.slow
+def test_whole_model_compiled_training_follows_eager_at_zero1_bf16(shards_dir, tmp_path):
+    """glm train with train.compile=model under DeepSpeed ZeRO-1 and its bf16 optimizer: the losses of
+    the eager run, two graphs (training; validation under no_grad) and no break. DeepSpeed's forward
+    hooks on the module run as frames of their own that capture no tensor op."""
+    args = [f"data.shards_dir={shards_dir}", "train.precision=bf16", "parallel.zero_stage=1"]
+    eager, _ = _fit(args, tmp_path / "eager")
+    model, [r] = _fit([*args, "train.compile=model", "train.compile_backend=aot_eager"], tmp_path / "model")
+    assert len(eager) == 3 and model == pytest.approx(eager, abs=1e-5)
+    assert r["graphs"] == 2 and r["frames"]["ok"] == r["frames"]["total"] and r["breaks"] == 0, r

@@ -226,14 +226,33 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
             f"parallel.offload_params needs parallel.zero_stage=3 (it is {p.zero_stage}; "
             f"{where('parallel.offload_params')})"
         )
+    check_compile(cfg)
+    check_eval(cfg)
+
+
+def check_compile(cfg: Config) -> None:
+    """``train.compile``'s layouts (parallel/compile.py). ZeRO-3's parameter gathering and the tensor-parallel
+    all-reduces run inside each block and would break its graph; a pipeline stage's layers run under
+    DeepSpeed's schedule, one call per layer, so there is no whole model to compile there."""
+    t, p = cfg.train, cfg.parallel
     if t.compile and (p.zero_stage == 3 or p.tensor_parallel > 1):
         raise ConfigError(
-            f"train.compile=true ({where('train.compile')}) runs with ZeRO 0-2 and no tensor parallelism "
-            f"(got parallel.zero_stage={p.zero_stage}, parallel.tensor_parallel={p.tensor_parallel}): "
+            f"train.compile={t.compile} ({source_of(cfg, 'train.compile')}) runs with ZeRO 0-2 and no tensor "
+            f"parallelism (got parallel.zero_stage={p.zero_stage}, parallel.tensor_parallel={p.tensor_parallel}): "
             f"ZeRO-3's parameter gathering and the tensor-parallel all-reduces run inside each block and "
             f"would break its graph; set train.compile=false or change the layout"
         )
-    check_eval(cfg)
+    if t.compile == "model" and p.pipeline_stages > 1:
+        raise ConfigError(
+            f"train.compile=model ({source_of(cfg, 'train.compile')}) compiles the whole model, which a pipeline "
+            f"(parallel.pipeline_stages={p.pipeline_stages}) runs as separate layers under DeepSpeed's schedule; "
+            f"set train.compile=blocks"
+        )
+    if t.compile_mode != "default" and t.compile_backend != "inductor":
+        raise ConfigError(
+            f"train.compile_mode={t.compile_mode} ({source_of(cfg, 'train.compile_mode')}) is inductor's: "
+            f"set train.compile_backend=inductor or train.compile_mode=default"
+        )
 
 
 def check_eval(cfg: Config) -> None:

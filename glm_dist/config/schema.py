@@ -231,16 +231,22 @@ class TrainConfig:
         "AMX or AVX512-BF16), else fp32 (resolved when the config loads; the run's config.yaml records it)",
     )
     activation_checkpointing: bool = _f(False, "recompute each block in the backward pass")
-    compile: bool = _f(
+    compile: Literal[False, True, "blocks", "model"] = _f(
         False,
-        "torch.compile each transformer block in place (regional compilation, "
-        "parallel/compile.py); with activation checkpointing, ZeRO 0-2 and pipelines, "
-        "not ZeRO-3 or tensor parallelism",
+        "torch.compile, in place (parallel/compile.py): blocks (or true) = each transformer block (regional: "
+        "with activation checkpointing, ZeRO 0-2 and pipelines); model = the whole model's forward, with the "
+        "loss where the objective computes it inside the forward (CLM's fused loss; ZeRO 0-2, no pipeline); "
+        "neither with ZeRO-3 or tensor parallelism; false: eager",
     )
     compile_backend: Literal["inductor", "aot_eager", "eager"] = _f(
         "inductor",
         "train.compile's backend: inductor (generated kernels) | aot_eager | eager (graph capture "
         "only, no code generation: quick checks)",
+    )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = _f(
+        "default",
+        "train.compile's mode (torch.compile's): reduce-overhead replays the compiled graphs as CUDA graphs "
+        "(a small model whose step is bound by kernel launches; CUDA and inductor only, refused elsewhere)",
     )
     eval_interval: int = _f(100, "validate every N steps (0: only before and after)")
     eval_batches: int = _f(20, "validation batches (micro_batch_size sequences each, per rank)")
@@ -282,6 +288,10 @@ class TrainConfig:
     )
     max_skipped_steps: int = _f(10, "stop after this many steps with a non-finite loss")
     plot: bool = _f(True, "write loss_curve.png in out_dir at the end")
+
+    def __post_init__(self) -> None:
+        if self.compile is True:  # the boolean key's meaning before scopes: configs and checkpoints that say true
+            self.compile = "blocks"
 
 
 @dataclass

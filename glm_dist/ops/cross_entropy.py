@@ -382,9 +382,12 @@ def _compiled_chunks(
 ) -> None:
     """The GPU's loop: each chunk's logits (n, V) = h @ weight.T -- rows contiguous for the kernel's
     reductions, V a multiple of 128 when the model pads its vocabulary -- into one buffer every chunk
-    reuses, which the compiled ``_softmax_xent_`` turns into the chunk's NLL and, in place, its gradient."""
+    reuses, which the compiled ``_softmax_xent_`` turns into the chunk's NLL and, in place, its gradient.
+    Inside a compiled model (``train.compile=model``) the function itself goes into the model's graph,
+    which fuses it: dynamo would otherwise trace through the cache and the nested compile."""
     n_rows, vocab = hidden.shape[0], weight.shape[0]
-    real, kernel = _real_width(vocab, None), _compiled_softmax_xent()
+    kernel = _softmax_xent_ if torch.compiler.is_compiling() else _compiled_softmax_xent()
+    real = _real_width(vocab, None)
     buf = torch.empty(chunk * vocab, dtype=hidden.dtype, device=hidden.device)
     no_scratch = buf.new_empty(0, dtype=torch.float32)  # a mixed-dtype add_ makes no temporary on a GPU
     for start in range(0, n_rows, chunk):

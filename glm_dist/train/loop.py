@@ -40,7 +40,7 @@ from glm_dist.checkpoint.files import CheckpointError, read_meta
 from glm_dist.checkpoint.writer import RankFiles
 from glm_dist.observability.redact import redact
 from glm_dist.parallel import comm
-from glm_dist.parallel.compile import compile_blocks
+from glm_dist.parallel.compile import compile_model
 from glm_dist.parallel.distributed import DistInfo, init_distributed
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.parallel import fragments, pipeline
@@ -136,8 +136,9 @@ class Trainer:
             model = self._pipeline(model)
         elif self.topo.tensor > 1:
             model = self._tensor_parallel(model)
-        if cfg.train.compile:  # torch.compile per transformer block, in place (parallel/compile.py)
-            compile_blocks(model, backend=cfg.train.compile_backend)
+        t = cfg.train
+        if t.compile:  # each transformer block or the whole model, compiled in place (parallel/compile.py)
+            compile_model(model, scope=t.compile, backend=t.compile_backend, mode=t.compile_mode)
         dp_rank, dp_size = self.coords["data"], self.topo.data
         groups = None  # discriminative fine-tuning: one rate per layer group (train/layer_groups.py)
         if cfg.train.discriminative_lr:
