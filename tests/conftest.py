@@ -15,6 +15,10 @@ from data_pipeline.embedded import embedded_documents
 from data_pipeline.tokenize.prepare import prepare_shards
 
 ROOT = Path(__file__).resolve().parents[1]
+# MFU's denominator given rather than measured (about a 2-core CPU's fp32 rate): a run's main rank
+# otherwise times matmuls for up to 2 s as it starts (observability/flops.py), in each of the suite's
+# few hundred runs, in process or not (clean_env copies it). The W&B test measures it end to end.
+os.environ.setdefault("GLM_PEAK_TFLOPS", "0.1")
 TINY = str(ROOT / "configs/experiments/gpt2-tiny-cpu.yaml")
 
 # A smaller tiny model and short runs: fast enough for many multi-process tests on 2 cores.
@@ -134,8 +138,11 @@ def clean_env(threads: int = 1) -> dict:
     return env
 
 
-def run_glm(args: list[str], *, nproc: int = 1, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``glm ARGS`` as one process or under torchrun with ``nproc`` CPU processes (gloo)."""
+def run_glm(
+    args: list[str], *, nproc: int = 1, check: bool = True, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``glm ARGS`` as one process or under torchrun with ``nproc`` CPU processes (gloo), with
+    ``env`` over the clean environment."""
     if nproc == 1:
         cmd = [sys.executable, "-m", "glm_dist.cli", *args]
     else:
@@ -150,7 +157,12 @@ def run_glm(args: list[str], *, nproc: int = 1, check: bool = True, timeout: int
             *args,
         ]
     proc = subprocess.run(
-        cmd, cwd=ROOT, env=clean_env(threads=max(1, 2 // nproc)), capture_output=True, text=True, timeout=timeout
+        cmd,
+        cwd=ROOT,
+        env=clean_env(threads=max(1, 2 // nproc)) | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}")
