@@ -178,6 +178,37 @@ def test_new_tokens_grow_the_tied_embedding_and_keep_the_pretrained_rows():
     assert after.shape[-1] == 100 and lm.cfg.vocab_size == 100
 
 
+def test_new_tokens_take_the_padding_rows_of_a_padded_vocabulary_and_grow_it_past_them():
+    """97 tokens padded to 128 rows: 3 new ones take rows 97..99 of the same matrix; 30 more do not
+    fit the 28 left and grow it to 256 rows, padded again with zeros; the LM's logits stay the real
+    vocabulary's and the pretrained rows' scores do not move."""
+    lm = _gpt1(8, pad_vocab_to_multiple_of=128)
+    x = torch.randint(0, 97, (1, 10))
+    with torch.no_grad():
+        before = lm(x)
+    storage, params = lm.embed.wte.weight.data_ptr(), count_parameters(lm)
+    padding = lm.embed.wte.weight[97:100].detach().clone()
+    assert add_token_embeddings(lm, 3) == 97
+    weight = lm.embed.wte.weight
+    assert weight.shape == (128, 64) and weight.data_ptr() == storage and lm.head.lm_head.weight is weight
+    assert lm.cfg.vocab_size == 100 and lm.head.padding_columns == 28 and count_parameters(lm) == params + 3 * 64
+    assert not torch.equal(weight[97:100], padding)  # drawn afresh
+    with torch.no_grad():
+        after = lm(x)
+    assert after.shape[-1] == 100
+    torch.testing.assert_close(after[..., :97], before)
+    new_rows = weight[97:100].detach().clone()
+    assert add_token_embeddings(lm, 30) == 100
+    weight = lm.embed.wte.weight
+    assert weight.shape == (256, 64) and lm.head.lm_head.weight is weight and lm.cfg.vocab_size == 130
+    assert torch.equal(weight[97:100], new_rows) and torch.equal(weight[130:], torch.zeros(126, 64))
+    assert count_parameters(lm) == params + 33 * 64 and lm.head.padding_columns == 126
+    with torch.no_grad():
+        grown = lm(x)
+    assert grown.shape[-1] == 130
+    torch.testing.assert_close(grown[..., :97], before)
+
+
 def test_the_lm_loss_is_the_mean_next_token_loss_over_the_real_tokens():
     lm = _gpt1(7)
     add_token_embeddings(lm, 3)
