@@ -9,6 +9,7 @@ does not move between runs -- a GPU's datasheet figure, or on the CPU ``CPU_REFE
     python bench/train_throughput.py                 # GPT-2 small width, 4 layers, seq 256, batch 4
     python bench/train_throughput.py --n-layer 12 --rounds 3   # full GPT-2 small
     python bench/train_throughput.py --compile --modes fp32,bf16   # + our step with compiled blocks
+    python bench/train_throughput.py --compile both   # + compiled blocks and the compiled whole model (with its loss)
     python bench/train_throughput.py --n-layer 12 --seq-len 1024 --batch 2 --modes bf16 --profile
         # + where our step's time goes: on the CPU its self time per operator group; on a GPU the
         # kernels' time per kind (gemm, attention, ...) and the GPU's idle share of the step
@@ -36,7 +37,7 @@ from glm_dist.config.loader import load_config
 from glm_dist.families.gpt.model import GPT, gpt_config
 from glm_dist.objectives.clm import CLM
 from glm_dist.observability.flops import matmul_dtype, measure_matmul_peak, peak_flops
-from glm_dist.parallel.compile import compile_blocks
+from glm_dist.parallel.compile import compile_model
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.engine import build_engine
 from glm_dist.train.optim import build_optimizer
@@ -49,9 +50,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_REFERENCE_PEAK = {torch.float32: 433e9, torch.bfloat16: 2727e9}
 
 
-def build_ours(cfg_model, precision: str, batch: int, *, zero_stage: int = 0, lr: float = 1e-4, compile: bool = False):
+def build_ours(
+    cfg_model, precision: str, batch: int, *, zero_stage: int = 0, lr: float = 1e-4, compile: str | None = None
+):
     """Our trainer's DeepSpeed engine (AdamW, grad clip 1.0) of a GPT built on the device; ``compile``:
-    the blocks compiled as ``train.compile=true`` does (inductor)."""
+    the scope compiled as ``train.compile=blocks|model`` does (inductor)."""
     cfg = load_config(
         None,
         [
@@ -65,7 +68,7 @@ def build_ours(cfg_model, precision: str, batch: int, *, zero_stage: int = 0, lr
     with torch.device(DEVICE):
         model = GPT(cfg_model)
     if compile:
-        compile_blocks(model)
+        compile_model(model, scope=compile)
     return build_engine(model, build_optimizer(model, cfg.train), cfg, dp_size=1)
 
 
@@ -84,7 +87,7 @@ def engine_step_fn(engine, precision: str):
     return step
 
 
-def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compile: bool = False):
+def ours_step_fn(cfg_model, precision: str, batch: int, lr: float = 1e-4, compile: str | None = None):
     return engine_step_fn(build_ours(cfg_model, precision, batch, lr=lr, compile=compile), precision)
 
 
@@ -138,6 +141,9 @@ def reference_peak(mode: str) -> float | None:
     return CPU_REFERENCE_PEAK[matmul_dtype(mode)]
 
 
+COMPILE_SCOPES = {None: (), "blocks": ("blocks",), "model": ("model",), "both": ("blocks", "model")}  # --compile
+
+
 def timed(step, x, y, n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
@@ -146,11 +152,11 @@ def timed(step, x, y, n: int) -> float:
 
 
 def tokens_per_s(mode: str, mcfg, args, x, y) -> dict[str, float]:
-    """Median tokens/s at ``mode`` of our step, transformers' and (``--compile``) our step with
-    compiled blocks, over alternating rounds (compilation happens in the warm-up steps)."""
+    """Median tokens/s at ``mode`` of our step, transformers' and (``--compile``) our step with compiled
+    blocks and/or the compiled whole model, over alternating rounds (compilation happens in the warm-up steps)."""
     steps = {"ours": ours_step_fn(mcfg, mode, args.batch), "transformers": hf_step_fn(mcfg, mode)}
-    if args.compile:
-        steps["compiled"] = ours_step_fn(mcfg, mode, args.batch, compile=True)
+    for scope in COMPILE_SCOPES[args.compile]:
+        steps[f"compiled {scope}"] = ours_step_fn(mcfg, mode, args.batch, compile=scope)
     for step in steps.values():
         timed(step, x, y, 2)  # warm-up: the second step runs what the first compiled
     times = {name: [] for name in steps}
@@ -342,7 +348,7 @@ def compare(mcfg, flops_per_token: float, args, x, y, report: dict) -> None:
         theirs = rates["transformers"]
         for name, label in (
             ("ours", f"{mode} (peer: {peer})"),
-            ("compiled", f"{mode}, compiled blocks (peer: {peer})"),
+            *((f"compiled {scope}", f"{mode}, compiled {scope} (peer: {peer})") for scope in ("blocks", "model")),
         ):
             if name not in rates:
                 continue
@@ -360,8 +366,9 @@ def compare(mcfg, flops_per_token: float, args, x, y, report: dict) -> None:
             }
             cells = [f"{v:.1%}" if v is not None else "n/a" for v in mfu.values()]
             print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {' | '.join(cells)} |")
-        if "compiled" in rates:
-            print(f"|   compiled / eager ({mode}) | | | {rates['compiled'] / rates['ours']:.2f}x | | | | |")
+        for scope in COMPILE_SCOPES[args.compile]:
+            ratio = rates[f"compiled {scope}"] / rates["ours"]
+            print(f"|   compiled {scope} / eager ({mode}) | | | {ratio:.2f}x | | | | |")
 
 
 def main() -> None:
@@ -391,8 +398,11 @@ def main() -> None:
     ap.add_argument("--json", help="also write the table's rows and the profile to this JSON file")
     ap.add_argument(
         "--compile",
-        action="store_true",
-        help="also time our step with compiled blocks (train.compile=true, inductor): a row per mode",
+        nargs="?",
+        const="blocks",
+        choices=[c for c in COMPILE_SCOPES if c],
+        help="also time our step compiled with inductor: blocks (train.compile=blocks; --compile alone), "
+        "model (train.compile=model: the whole forward with its loss) or both: a row per scope and mode",
     )
     args = ap.parse_args()
 
