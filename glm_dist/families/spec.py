@@ -65,6 +65,23 @@ def load_exported(hf_model: nn.Module, hf_state_dict: dict[str, torch.Tensor], *
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
 
 
+# the tokenizer roles (data_pipeline/tokenize/profiles.py) transformers names as ``<role>_token``; "eot" has no name
+HF_TOKEN_ROLES = ("bos", "eos", "unk", "pad", "mask", "cls", "sep")
+
+
+def hf_tokenizer(tokenizer_file: str | None, roles: dict[str, str], *, context_length: int, **options: Any) -> Any:
+    """Our ``tokenizer.json`` as the transformers tokenizer an adapter saves beside its weights, so
+    ``AutoTokenizer`` loads the folder: ``roles`` are its special tokens by role (those of ``HF_TOKEN_ROLES``
+    are kept), ``options`` the family's own (padding side, input names). None without a tokenizer file (an
+    export of the weights alone)."""
+    if not tokenizer_file:
+        return None
+    from transformers import PreTrainedTokenizerFast  # rows never import transformers, adapters do when they run
+
+    special = {f"{role}_token": token for role, token in roles.items() if role in HF_TOKEN_ROLES}
+    return PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, model_max_length=context_length, **options, **special)
+
+
 def state_dict_keys(model_cls: type[nn.Module], cfg: Any) -> list[str]:
     """The parameter and buffer names of ``model_cls(cfg)``, built on the meta device (no memory)."""
     with torch.device("meta"):

@@ -12,7 +12,7 @@ import re
 import torch
 
 from glm_dist.families.bert.model import EncoderConfig
-from glm_dist.families.spec import load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
 
 _BLOCK_BERT = {  # ours -> transformers, inside "<prefix>.encoder.layer.{i}."
     "attn.query": "attention.self.query",
@@ -222,33 +222,17 @@ def export_hf(
     profile: str | None = None,
 ) -> None:
     """Write a folder the family's transformers class and ``AutoTokenizer`` load."""
-    from transformers import PreTrainedTokenizerFast
-
     from data_pipeline.tokenize.profiles import PROFILES
 
     model = hf_model_class(cfg)(to_hf_config(cfg))
     load_exported(model, to_hf_state_dict(state_dict, cfg), unused=("position_ids", "token_type_ids", "bias"))
     model.save_pretrained(out_dir)
-    if tokenizer_file:
-        roles = PROFILES[profile].roles if profile else {}
-        names = {
-            "bos": "bos_token",
-            "eos": "eos_token",
-            "unk": "unk_token",
-            "pad": "pad_token",
-            "mask": "mask_token",
-            "cls": "cls_token",
-            "sep": "sep_token",
-        }
-        inputs = (
-            ["input_ids", "token_type_ids", "attention_mask"]
-            if cfg.type_vocab_size > 1
-            else ["input_ids", "attention_mask"]
-        )
-        tok = PreTrainedTokenizerFast(
-            tokenizer_file=tokenizer_file,
-            model_max_length=cfg.context_length,
-            model_input_names=inputs,
-            **{names[r]: t for r, t in roles.items() if r in names},
-        )
-        tok.save_pretrained(out_dir)
+    segments = ["token_type_ids"] if cfg.type_vocab_size > 1 else []
+    tokenizer = hf_tokenizer(
+        tokenizer_file,
+        PROFILES[profile].roles if profile else {},
+        context_length=cfg.context_length,
+        model_input_names=["input_ids", *segments, "attention_mask"],
+    )
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
-from glm_dist.families.spec import load_exported
+from glm_dist.families.spec import hf_tokenizer, load_exported
 
 # ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
 _BLOCK = {
@@ -122,23 +122,15 @@ def export_hf(
 ) -> None:
     """Write a folder ``GPT2LMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load;
     the tokenizer's end-of-text token (also BOS, EOS, UNK) from the tokenizer ``profile``."""
-    from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2LMHeadModel
 
     from data_pipeline.tokenize.profiles import PROFILES
 
-    eot_token = PROFILES[profile or "gpt2"].roles["eot"]
-
-    tokenizer = None
-    eot_id = None
-    if tokenizer_file:
-        tokenizer = PreTrainedTokenizerFast(
-            tokenizer_file=tokenizer_file,
-            bos_token=eot_token,
-            eos_token=eot_token,
-            unk_token=eot_token,
-            model_max_length=cfg.context_length,
-        )
-        eot_id = tokenizer.convert_tokens_to_ids(eot_token)
+    eot = PROFILES[profile or "gpt2"].roles["eot"]
+    tokenizer = hf_tokenizer(
+        tokenizer_file, dict.fromkeys(("bos", "eos", "unk"), eot), context_length=cfg.context_length
+    )
+    eot_id = tokenizer.convert_tokens_to_ids(eot) if tokenizer is not None else None
     model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
     load_exported(
         model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), unused=(".attn.bias", ".attn.masked_bias")

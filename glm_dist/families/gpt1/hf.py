@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
-from glm_dist.families.spec import load_exported
+from glm_dist.families.spec import hf_tokenizer, load_exported
 
 _BLOCK = {
     "ln_1": "ln_1",
@@ -125,21 +125,15 @@ def export_hf(
 ) -> None:
     """Write a folder ``OpenAIGPTLMHeadModel.from_pretrained`` and ``AutoTokenizer.from_pretrained``
     load (safetensors); the tokenizer's end-of-text token (also BOS, EOS, UNK) from ``profile``."""
-    from transformers import OpenAIGPTLMHeadModel, PreTrainedTokenizerFast
+    from transformers import OpenAIGPTLMHeadModel
 
     from data_pipeline.tokenize.profiles import PROFILES
 
-    eot_token = PROFILES[profile or "gpt2"].roles["eot"]
-    tokenizer, eot_id = None, None
-    if tokenizer_file:
-        tokenizer = PreTrainedTokenizerFast(
-            tokenizer_file=tokenizer_file,
-            bos_token=eot_token,
-            eos_token=eot_token,
-            unk_token=eot_token,
-            model_max_length=cfg.context_length,
-        )
-        eot_id = tokenizer.convert_tokens_to_ids(eot_token)
+    eot = PROFILES[profile or "gpt2"].roles["eot"]
+    tokenizer = hf_tokenizer(
+        tokenizer_file, dict.fromkeys(("bos", "eos", "unk"), eot), context_length=cfg.context_length
+    )
+    eot_id = tokenizer.convert_tokens_to_ids(eot) if tokenizer is not None else None
     model = OpenAIGPTLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
     load_exported(model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)))
     model.save_pretrained(out_dir, safe_serialization=True)

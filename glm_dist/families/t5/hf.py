@@ -7,7 +7,7 @@ import re
 import torch
 
 from glm_dist.families.t5.model import T5Config
-from glm_dist.families.spec import load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
 
 
 def hf_name(ours: str) -> str:
@@ -115,7 +115,7 @@ def export_hf(
     tokenizer_file: str | None = None,
     profile: str | None = None,
 ) -> None:
-    from transformers import PreTrainedTokenizerFast, T5ForConditionalGeneration
+    from transformers import T5ForConditionalGeneration
 
     if not cfg.tied:
         raise ValueError(
@@ -125,11 +125,8 @@ def export_hf(
     model = T5ForConditionalGeneration(to_hf_config(cfg))
     load_exported(model, to_hf_state_dict(state_dict))
     model.save_pretrained(out_dir)
-    if tokenizer_file:
-        PreTrainedTokenizerFast(
-            tokenizer_file=tokenizer_file,
-            pad_token="<pad>",
-            eos_token="</s>",
-            unk_token="<unk>",
-            model_max_length=cfg.context_length,
-        ).save_pretrained(out_dir)
+    tokenizer = hf_tokenizer(
+        tokenizer_file, {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}, context_length=cfg.context_length
+    )
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)

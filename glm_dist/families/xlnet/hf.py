@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.xlnet.model import XLNetConfig
-from glm_dist.families.spec import load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
 
 _TOP = {
     "embed.word.weight": "transformer.word_embedding.weight",
@@ -154,30 +154,20 @@ def export_hf(
     (safetensors weights). The tokenizer pads on the left, as XLNet puts ``<cls>`` last, and returns
     no token_type_ids: the ``plm`` objective trains without segments, and transformers adds the
     segment term whenever they are passed."""
-    from transformers import PreTrainedTokenizerFast, XLNetLMHeadModel
+    from transformers import XLNetLMHeadModel
 
     from data_pipeline.tokenize.profiles import PROFILES
 
-    tok, ids = None, {}
-    if tokenizer_file:
-        names = {
-            "bos": "bos_token",
-            "eos": "eos_token",
-            "unk": "unk_token",
-            "pad": "pad_token",
-            "mask": "mask_token",
-            "cls": "cls_token",
-            "sep": "sep_token",
-        }
-        roles = {names[r]: t for r, t in PROFILES[profile or "xlnet"].roles.items() if r in names}
-        tok = PreTrainedTokenizerFast(
-            tokenizer_file=tokenizer_file,
-            model_max_length=cfg.context_length,
-            padding_side="left",
-            model_input_names=["input_ids", "attention_mask"],
-            **roles,
-        )
-        ids = {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id}
+    tok = hf_tokenizer(
+        tokenizer_file,
+        PROFILES[profile or "xlnet"].roles,
+        context_length=cfg.context_length,
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    ids = (
+        {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id} if tok is not None else {}
+    )
     model = XLNetLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), **ids))
     load_exported(model, to_hf_state_dict(state_dict, cfg))
     model.save_pretrained(out_dir)
