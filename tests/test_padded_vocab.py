@@ -215,6 +215,8 @@ batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 clm = get_objective("clm")
 ref, _ = clm.loss(whole, batch, metrics=False)
 (ref_wte,) = torch.autograd.grad(ref, [whole.embed.wte.weight])
+with torch.no_grad():  # a pipeline stage's forward, outside the loss's vocab_split
+    staged = _logits(tied, whole(batch["input_ids"], project=lambda h, w, b: h), padding=84)
 with vocab_split(split):
     loss, _ = clm.loss(padded, batch, metrics=False)
     (wte,) = torch.autograd.grad(loss, [padded.embed.wte.weight])
@@ -222,7 +224,6 @@ with vocab_split(split):
         logits = padded(batch["input_ids"])  # this rank's columns, the padding's at -inf
         given = cross_entropy(logits, batch["labels"], reduction="mean")
         pred = predicted(logits)
-        staged = _logits(tied, whole(batch["input_ids"], project=lambda h, w, b: h), padding=84)
         stage_loss = cross_entropy(staged, batch["labels"], reduction="mean")
         stage_pred = predicted(staged)
 real = max(0, min(split.end, 300) - split.start)

@@ -15,9 +15,9 @@ from torch import nn
 
 from glm_dist.families.gpt.model import GPT, GPTBlock, GPTConfig, GPTEmbedding, local_init_std
 from glm_dist.models.common import VocabPlan, pad_vocab_rows
-from glm_dist.ops.cross_entropy import real_logits, vocab_padding
+from glm_dist.ops.cross_entropy import real_logits, vocab_padding, vocab_split
 from glm_dist.parallel.pipeline import TIED, build_pipeline, unpipelined_name
-from glm_dist.parallel.tensor import output_logits
+from glm_dist.parallel.tensor import model_vocab_split, output_logits
 
 
 class TiedOutput(nn.Module):
@@ -32,9 +32,10 @@ class TiedOutput(nn.Module):
 
 
 def _logits(module: TiedOutput, x: torch.Tensor, *, padding: int) -> torch.Tensor:
-    """(B, T, C) -> the logits the loss scores: the real vocabulary's (B, T, vocab), or under a vocabulary
-    split this rank's columns with the padding's at -inf -- ``GPTHead``'s logits, from the padded matrix."""
-    with vocab_padding(padding):
+    """(B, T, C) -> the logits the loss scores: the real vocabulary's (B, T, vocab), or -- the embedding
+    split by vocabulary -- this rank's columns with the padding's at -inf: ``GPTHead``'s logits, from the
+    padded matrix. The stage's forward runs outside the loss's ``vocab_split``, so it names its own."""
+    with vocab_split(model_vocab_split(module)), vocab_padding(padding):
         return real_logits(output_logits(module.wte, x))
 
 
