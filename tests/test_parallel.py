@@ -566,7 +566,7 @@ def test_pipeline_partitions_by_blocks_or_parameters_and_refuses_empty_stages():
         TiedLayerSpec(TIED, GPTEmbedding, cfg, tied_weight_attr=["wte.weight"]),
         *[LayerSpec(GPTBlock, cfg, i) for i in range(4)],
         LayerSpec(nn.LayerNorm, 64),
-        TiedLayerSpec(TIED, TiedOutput, 2048, 64, forward_fn=_logits, tied_weight_attr=["wte.weight"]),
+        TiedLayerSpec(TIED, TiedOutput, cfg, forward_fn=_logits, tied_weight_attr=["wte.weight"]),
     ]
     assert check_partition(specs, 2, "blocks", GPTBlock) == [0, 3, 7]
     assert check_partition(specs, 4, "blocks", GPTBlock) == [0, 2, 3, 4, 7]
