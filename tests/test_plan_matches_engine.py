@@ -1,7 +1,9 @@
 """glm plan against what DeepSpeed's engine allocates: ZeRO 0-3 in bf16 on one and two ranks (and in
 fp32 on two), the bytes of every tensor reachable from the engine (parameters, gradients, optimizer states, reduce
 buckets, flat gradient copies; each storage once) at their largest while the backward runs and in
-the gradient reduction and optimizer step after it, within 10% of what glm plan counts."""
+the gradient reduction and optimizer step after it, within 10% of what glm plan counts; and, at bf16
+ZeRO 0-2, the true peak of live bytes through two steps (the profiler's allocation events replayed:
+transient copies and activations included) within 10% of glm plan's total."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ TINY_MODEL = [
     "data.seq_len=64",
     "train.micro_batch_size=4",
 ]
+# wider, with fewer activations: the model states and DeepSpeed's copies make the peak
+WIDE_MODEL = [*TINY_MODEL, "model.d_model=256", "data.seq_len=32", "train.micro_batch_size=2"]
 
 # Builds glm train's engine for each ZeRO stage in turn (the same model, optimizer and DeepSpeed JSON),
 # takes two steps on random tokens and prints, per rank, the largest bytes reachable from the engine:
@@ -33,12 +37,13 @@ TINY_MODEL = [
 # DeepSpeed makes, with the copy counted while it is alive, plus the fp32 gradient the optimizer step
 # then receives from it; the optimizer step itself).
 ENGINE_SCRIPT = r"""
-import json, sys, types
+import gc, json, sys, types
 from collections import deque
 import torch
 from glm_dist.config.checks import model_config
 from glm_dist.config.loader import load_config
 from glm_dist.families.registry import build_model
+from glm_dist.objectives.clm import CLM
 from glm_dist.parallel.distributed import init_distributed
 from glm_dist.parallel.engine import build_engine
 from glm_dist.train.optim import build_optimizer
@@ -69,6 +74,29 @@ def storages(*roots):
     return found
 
 
+def allocations(node):
+    # (time, address, bytes) of every allocation (+) and free (-) under a profiler event, in tree order
+    if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
+        yield node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size
+    for child in node.children:
+        yield from allocations(child)
+
+
+def live_peak(run):
+    # run()'s result and the most bytes allocated inside it alive at one time: the profiler's
+    # allocation events replayed in time order (blocks made before run() are not counted)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        row = run()
+    events = sorted(e for root in prof.profiler.kineto_results.experimental_event_tree() for e in allocations(root))
+    blocks, live, peak = {}, 0, 0
+    for _, ptr, size in events:
+        if size > 0:
+            blocks[ptr] = size
+        live += size if size > 0 else -blocks.pop(ptr, 0)
+        peak = max(peak, live)
+    return row, peak
+
+
 def measure(cfg, world_size):
     torch.manual_seed(0)
     model = build_model(cfg.model.family, model_config(cfg))
@@ -97,7 +125,9 @@ def measure(cfg, world_size):
             flat = flatten(tensors)
             if after_backward or state["phase"] == "step":
                 state["flat"] = storages(engine, [flat])
-                note("step", sum(state["flat"].values()))
+                # the engine casts its flat copy to the communication dtype (bf16) to all-reduce it
+                cast = engine.communication_data_type if owner is engine else flat.dtype
+                note("step", sum(state["flat"].values()) + flat.numel() * cast.itemsize * (cast != flat.dtype))
             else:
                 note("backward", held(flat))
             return flat
@@ -125,8 +155,9 @@ def measure(cfg, world_size):
     for _ in range(2):
         state["phase"] = "backward"
         tokens = torch.randint(0, model_config(cfg).vocab_size, (cfg.train.micro_batch_size, cfg.data.seq_len))
-        logits = engine(tokens)
-        engine.backward(torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten()))
+        loss, _ = CLM.loss(engine, {"input_ids": tokens, "labels": tokens}, metrics=False)  # glm train's loss
+        engine.backward(loss)
+        del loss
         note("backward", held())
         buckets()
         engine.step()
@@ -136,7 +167,9 @@ def measure(cfg, world_size):
 
 dist = init_distributed()
 for stage in (0, 1, 2, 3):
-    row = measure(load_config(sys.argv[1], [*sys.argv[2:], f"parallel.zero_stage={stage}"]), dist.world_size)
+    cfg = load_config(sys.argv[1], [*sys.argv[2:], f"parallel.zero_stage={stage}"])
+    row, row["transient"] = live_peak(lambda: measure(cfg, dist.world_size))
+    gc.collect()  # the engine's cycles (parameters and their DeepSpeed-bound methods) before the next stage
     print("ENGINE_BYTES" + json.dumps({"rank": dist.rank, "zero": stage, **row}), flush=True)
 """
 
@@ -147,7 +180,7 @@ WRAPPERS = {
 }
 
 
-def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
+def engine_bytes(world: int, precision: str, tmp_path, model=TINY_MODEL) -> dict[int, dict]:
     """Per ZeRO stage, the measured peaks of the fullest rank."""
     script = tmp_path / "engine_bytes.py"
     script.write_text(ENGINE_SCRIPT)
@@ -157,7 +190,7 @@ def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(script)]
     )
     proc = subprocess.run(
-        [*cmd, TINY, *TINY_MODEL, f"train.precision={precision}"],
+        [*cmd, TINY, *model, f"train.precision={precision}"],
         cwd=ROOT,
         env=clean_env(threads=max(1, 2 // world)),
         capture_output=True,
@@ -170,7 +203,8 @@ def engine_bytes(world: int, precision: str, tmp_path) -> dict[int, dict]:
     out = {}
     for row in rows:
         best = out.setdefault(row["zero"], dict(row))
-        best.update(backward=max(best["backward"], row["backward"]), step=max(best["step"], row["step"]))
+        for key in ("backward", "step", "transient"):
+            best[key] = max(best[key], row[key])
     return out
 
 
@@ -190,6 +224,19 @@ def test_plan_counts_what_the_deepspeed_engine_allocates(world, precision, tmp_p
         )
         assert backward / row["backward"] == pytest.approx(1, abs=0.1), (zero, backward, row)
         assert step / row["step"] == pytest.approx(1, abs=0.1), (zero, step, row)
+
+
+def test_plan_total_is_the_measured_peak_of_a_bf16_step(tmp_path):
+    """The peak of live bytes through two steps (transient copies and activations included) is what
+    glm plan reports as the layout's total, at ZeRO 0-2: the flat copies of the step make it."""
+    cfg = load_config(TINY, WIDE_MODEL)
+    shape = model_shape(family("gpt"), model_config(cfg))
+    layouts = plan(shape, gpus=1, seq_len=cfg.data.seq_len, micro_batch=2, global_batch=2)
+    for zero, row in engine_bytes(1, "bf16", tmp_path, WIDE_MODEL).items():
+        lay = next(lay for lay in layouts if (lay.zero, lay.offload) == (zero, "none"))
+        assert lay.step > lay.backward + lay.activations  # the step's copies, not the activations, make the peak
+        if zero <= 2:
+            assert lay.total(False) / row["transient"] == pytest.approx(1, abs=0.1), (zero, lay.total(False), row)
 
 
 def test_zero_buffers_follow_the_model_width_up_to_deepspeeds_defaults():

@@ -261,7 +261,10 @@ def phase_bytes(
         return w + g + buckets + 2 * e * largest_layer, w + g
     if zero == 0 or (zero == 1 and precision == "bf16"):  # no ZeRO optimizer, or BF16_Optimizer
         # the engine all-reduces the gradients (BF16_Optimizer's fp32 accumulation buffer) from flat copies
-        return w + g + o, w + g + o + (4 if precision == "bf16" else e) * min(params, ALLREDUCE_ELEMENTS)
+        # (deepspeed/runtime/engine.py, allreduce_bucket: ``tensor = self.flatten(bucket)``), which bf16
+        # casts to its bf16 communication dtype (``tensor.to(self.communication_data_type)``): 4 + 2 bytes
+        flat = 4 + 2 if precision == "bf16" else e
+        return w + g + o, w + g + o + flat * min(params, ALLREDUCE_ELEMENTS)
     # ZeRO-1 keeps every gradient until the step; ZeRO-2 its partition, whose buffer holds each tensor
     # it touches whole (a tensor across its boundary: up to a layer more than 1/dp)
     held = w + e * (params if zero == 1 else min(params, partition + largest_layer)) + o
