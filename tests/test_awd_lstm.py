@@ -13,7 +13,8 @@ import torch
 from glm_dist.families.awd_lstm.model import AwdLstm, awd_lstm_config
 from glm_dist.families.registry import published_flavors
 from glm_dist.objectives.awd_lm import AWD_LM, activation_penalties
-from glm_dist.transfer.ulmfit import ConcatPoolClassifier, pad
+from glm_dist.transfer.inputs import pad_ids
+from glm_dist.transfer.ulmfit import ConcatPoolClassifier
 from tests.conftest import ROOT, train_losses
 from tests.test_glove import glm as run_glm  # one thread per process
 
@@ -90,8 +91,7 @@ def test_ar_and_tar_are_the_papers_penalties_over_real_positions():
 def test_padding_never_changes_outputs_or_the_loss():
     model = tiny()
     seqs = [torch.randint(4, 60, (n,)) for n in (7, 3, 5)]
-    ids, lengths = pad([s.tolist() for s in seqs], 0)
-    mask = (torch.arange(7)[None] < lengths[:, None]).long()
+    ids, mask = pad_ids([s.tolist() for s in seqs], 0)
     labels = torch.where(mask.bool(), torch.randint(4, 60, (3, 7)), -100)
     with torch.no_grad():
         batch = model(ids, attention_mask=mask)
@@ -120,7 +120,8 @@ def test_the_lm_reads_only_the_past():
 def test_bpt3c_windows_with_the_carried_state_equal_one_pass_and_padding_changes_nothing():
     lm = tiny()
     docs = [torch.randint(4, 60, (n,)).tolist() for n in (11, 3, 8)]
-    ids, lengths = pad(docs, 0)
+    ids, mask = pad_ids(docs, 0)
+    lengths = mask.sum(1)
     windows, whole = ConcatPoolClassifier(lm, 5, bptt=3).eval(), ConcatPoolClassifier(lm, 5, bptt=100).eval()
     whole.head.load_state_dict(windows.head.state_dict())
     with torch.no_grad():

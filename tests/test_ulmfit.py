@@ -25,9 +25,9 @@ from glm_dist.transfer.options import FinetuneArgs
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.schedule import lr_at
 from glm_dist.transfer.heads import GPTTransfer
-from glm_dist.transfer.inputs import SpecialTokens, classification, pack
+from glm_dist.transfer.inputs import SpecialTokens, classification, pack, pad_ids
 from glm_dist.transfer.tricks import Tricks, TrickError, layer_groups, slanted_triangular
-from glm_dist.transfer.ulmfit import ConcatPoolClassifier, pad
+from glm_dist.transfer.ulmfit import ConcatPoolClassifier
 from tests.conftest import ROOT, run_glm
 
 
@@ -128,8 +128,8 @@ def test_gradual_unfreezing_trains_one_more_group_from_the_top_each_epoch(kind):
     groups = tricks.groups
     assert len(groups) == 5  # awd-lstm: embedding, 3 LSTM layers, head; gpt: embedding, 3 blocks, classifier
     if kind == "awd-lstm":
-        ids, lengths = pad([[5, 6, 7, 8], [9, 10]], 0)
-        forward = lambda: model.loss(model(ids, lengths), torch.tensor([1, 2]))  # noqa: E731
+        ids, mask = pad_ids([[5, 6, 7, 8], [9, 10]], 0)
+        forward = lambda: model.loss(model(ids, mask.sum(1)), torch.tensor([1, 2]))  # noqa: E731
     else:
         batch = pack(
             [classification([5, 6, 7], SpecialTokens.after(100), 16), classification([8], SpecialTokens.after(100), 16)]

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from glm_dist.models.heads import SequenceClassifier
+from glm_dist.transfer.inputs import batch_on, batch_rows
 from glm_dist.transfer.loop import Batch, TensorRows, finetune_task
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
@@ -43,8 +44,8 @@ def encode(
 def accuracy(model: nn.Module, data: Batch, batch_size: int, device) -> float:
     model.eval()
     right = 0
-    for i in range(0, len(data["labels"]), batch_size):
-        part = {k: v[i : i + batch_size].to(device) for k, v in data.items()}
+    for rows in batch_rows(len(data["labels"]), batch_size):
+        part = batch_on(data, device, rows)
         logits = model(part["input_ids"], part["token_type_ids"], part["attention_mask"])
         right += int((logits.argmax(-1) == part["labels"]).sum())
     model.train()

@@ -21,7 +21,7 @@ from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.families.registry import family
 from glm_dist.transfer.files import finish, train_valid_rows
 from glm_dist.transfer.heads import GPTTransfer, add_token_embeddings, set_dropout
-from glm_dist.transfer.inputs import SpecialTokens, pack, transform
+from glm_dist.transfer.inputs import SpecialTokens, batch_on, batch_rows, pack, transform
 from glm_dist.transfer.loop import ADAMW, Batch, finetune_task
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
@@ -77,9 +77,9 @@ def encode_rows(
 def accuracy(model, examples: list, labels: torch.Tensor, batch_size: int, device) -> float:
     model.eval()
     right = 0
-    for i in range(0, len(examples), batch_size):
-        batch = {k: v.to(device) for k, v in pack(examples[i : i + batch_size]).items()}
-        right += int((model(**batch)["logits"].argmax(-1).cpu() == labels[i : i + batch_size]).sum())
+    for rows in batch_rows(len(examples), batch_size):
+        batch = batch_on(pack(examples[rows]), device)
+        right += int((model(**batch)["logits"].argmax(-1).cpu() == labels[rows]).sum())
     model.train()
     return right / max(1, len(examples))
 
@@ -109,10 +109,7 @@ class GPTTask:
         return len(self.examples)
 
     def batch(self, rows: list[int], device: torch.device) -> Batch:
-        return {
-            **{k: v.to(device) for k, v in pack([self.examples[j] for j in rows]).items()},
-            "labels": self.labels[rows].to(device),
-        }
+        return batch_on({**pack([self.examples[j] for j in rows]), "labels": self.labels[rows]}, device)
 
     def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}

@@ -1,4 +1,6 @@
-"""GPT's task input transformations (Radford et al. 2018, section 3.3 and figure 1).
+"""Task inputs as batches: the padding and slicing every ``glm finetune`` task kind shares (``pad_ids``,
+``batch_rows``, ``batch_on``), and GPT's task input transformations (Radford et al. 2018, section 3.3 and
+figure 1).
 
 Every input is one or more token sequences wrapped in a start token and an extract token, all
 three special tokens new to the pretrained vocabulary (their embeddings are learned during
@@ -16,10 +18,38 @@ extract position of each sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 KINDS = ("classify", "entailment", "similarity", "multiple_choice")
+
+
+def pad_ids(seqs: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id sequences -> ``ids`` and ``mask``, both (B, T) long, T the longest: padded with ``pad_id`` on the
+    right, or on the left (XLNet reads its last position); ``mask`` is 1 at the sequences' own tokens (the
+    attention mask; ``mask.sum(-1)`` their lengths)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        at = width - len(seq) if left else 0
+        ids[i, at : at + len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[i, at : at + len(seq)] = 1
+    return ids, mask
+
+
+def batch_rows(n: int, batch_size: int) -> list[slice]:
+    """Rows ``0 .. n - 1`` in order, as slices of ``batch_size`` (the last may be shorter): how held-out
+    scores and features read their data."""
+    return [slice(i, i + batch_size) for i in range(0, n, batch_size)]
+
+
+def batch_on(
+    data: dict[str, torch.Tensor], device: torch.device | str, rows: slice | list[int] = slice(None)
+) -> dict[str, torch.Tensor]:
+    """``rows`` of every tensor of ``data`` (all of them by default), on ``device``."""
+    return {k: v[rows].to(device) for k, v in data.items()}
 
 
 @dataclass(frozen=True)
@@ -77,13 +107,9 @@ def pack(examples: list[list[list[int]]], pad_id: int = 0) -> dict[str, torch.Te
     """Examples of S_i sequences -> ``input_ids`` (B, S, T) right-padded, ``extract`` (B, S) the
     position of each sequence's extract token, ``lengths`` (B, S) and ``choice_mask`` (B, S),
     False for the filler sequences of an example with fewer than S (its candidates get -inf)."""
-    S = max(len(e) for e in examples)
-    T = max(len(s) for e in examples for s in e)
-    ids = torch.full((len(examples), S, T), pad_id, dtype=torch.long)
-    lengths = torch.ones(len(examples), S, dtype=torch.long)
-    for b, example in enumerate(examples):
-        for s, seq in enumerate(example):
-            ids[b, s, : len(seq)] = torch.tensor(seq)
-            lengths[b, s] = len(seq)
-    mask = torch.tensor([[s < len(e) for s in range(S)] for e in examples])
-    return {"input_ids": ids, "extract": lengths - 1, "lengths": lengths, "choice_mask": mask}
+    B, S = len(examples), max(len(e) for e in examples)
+    # an example's filler sequences are one padding token each (length 1, extract 0)
+    ids, mask = pad_ids([seq for e in examples for seq in e + [[pad_id]] * (S - len(e))], pad_id)
+    lengths = mask.sum(-1).view(B, S)
+    choices = torch.tensor([[s < len(e) for s in range(S)] for e in examples])
+    return {"input_ids": ids.view(B, S, -1), "extract": lengths - 1, "lengths": lengths, "choice_mask": choices}

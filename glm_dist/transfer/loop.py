@@ -21,6 +21,7 @@ from torch import nn
 from glm_dist.config.loader import load_config
 from glm_dist.parallel.engine import build_engine, set_lr
 from glm_dist.train.optim import build_optimizer
+from glm_dist.transfer.inputs import batch_on
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 from glm_dist.transfer.tricks import Tricks
 
@@ -64,7 +65,7 @@ class TensorRows:
         return len(next(iter(self.train.values())))
 
     def batch(self, rows: list[int], device: torch.device) -> Batch:
-        return {k: v[rows].to(device) for k, v in self.train.items()}
+        return batch_on(self.train, device, rows)
 
 
 def prepare(task: FinetuneTask, args: FinetuneArgs) -> tuple[Tricks, list[dict]]:

@@ -30,6 +30,7 @@ from glm_dist.eval.squad import squad_scores
 from glm_dist.models.heads import SpanExtractor, TokenClassifier
 from glm_dist.ops.cross_entropy import IGNORE_INDEX
 from glm_dist.transfer.files import finish, read_manifest_ids, train_valid_rows
+from glm_dist.transfer.inputs import batch_on, batch_rows, pad_ids
 from glm_dist.transfer.loop import Batch, TensorRows, finetune_task
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 
@@ -48,20 +49,11 @@ def fields(args: FinetuneArgs) -> dict[str, str]:
 
 
 def pad(encodings: list[Encoding], pad_id: int, *, left: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """Input tensors of a batch of encodings, and each row's shift (left padding moves its tokens)."""
-    width = max(len(e.ids) for e in encodings)
-    out = {
-        k: torch.zeros(len(encodings), width, dtype=torch.long)
-        for k in ("input_ids", "token_type_ids", "attention_mask")
-    }
-    out["input_ids"].fill_(pad_id)
-    shifts = []
-    for i, e in enumerate(encodings):
-        at = width - len(e.ids) if left else 0
-        for key, values in (("input_ids", e.ids), ("token_type_ids", e.type_ids), ("attention_mask", e.attention_mask)):
-            out[key][i, at : at + len(values)] = torch.tensor(values)
-        shifts.append(at)
-    return out, shifts
+    """Input tensors of a batch of (unpadded) encodings, and each row's shift (left padding moves its tokens)."""
+    ids, mask = pad_ids([e.ids for e in encodings], pad_id, left=left)
+    types, _ = pad_ids([e.type_ids for e in encodings], 0, left=left)
+    shifts = ids.shape[1] - mask.sum(1) if left else torch.zeros(len(encodings), dtype=torch.long)
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}, shifts.tolist()
 
 
 def answer_tokens(enc: Encoding, start_char: int, end_char: int) -> tuple[int, int] | None:
@@ -139,11 +131,11 @@ def _inputs(part: dict) -> dict:
 @torch.no_grad()
 def predict_spans(model: SpanExtractor, data: dict, batch_size: int) -> list[str]:
     device, out = next(model.parameters()).device, []
-    for i in range(0, len(data["input_ids"]), batch_size):
-        start, end = model(**{k: v[i : i + batch_size].to(device) for k, v in _inputs(data).items()})
+    for rows in batch_rows(len(data["input_ids"]), batch_size):
+        start, end = model(**batch_on(_inputs(data), device, rows))
         out += [
-            best_span(s.float().cpu(), e.float().cpu(), data["contexts"][i + k], data["texts"][i + k])
-            for k, (s, e) in enumerate(zip(start, end))
+            best_span(s.float().cpu(), e.float().cpu(), offsets, text)
+            for s, e, offsets, text in zip(start, end, data["contexts"][rows], data["texts"][rows])
         ]
     return out
 
@@ -217,9 +209,9 @@ def train_span(
 @torch.no_grad()
 def token_accuracy(model: TokenClassifier, data: dict, batch_size: int) -> float:
     device, right, total = next(model.parameters()).device, 0, 0
-    for i in range(0, len(data["input_ids"]), batch_size):
-        logits = model(**{k: v[i : i + batch_size].to(device) for k, v in _inputs(data).items()})
-        labels = data["labels"][i : i + batch_size].to(device)
+    for rows in batch_rows(len(data["input_ids"]), batch_size):
+        logits = model(**batch_on(_inputs(data), device, rows))
+        labels = data["labels"][rows].to(device)
         scored = labels != IGNORE_INDEX
         right += int((logits.argmax(-1)[scored] == labels[scored]).sum())
         total += int(scored.sum())

@@ -31,6 +31,7 @@ from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.families.awd_lstm.model import AwdLstm
 from glm_dist.objectives.awd_lm import activation_penalties
 from glm_dist.transfer.files import finish, read_manifest_ids, train_valid_rows
+from glm_dist.transfer.inputs import batch_on, batch_rows, pad_ids
 from glm_dist.transfer.loop import Batch, finetune_task, fit
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
 from glm_dist.transfer.tricks import Tricks
@@ -121,24 +122,14 @@ def encode_documents(
     return docs, torch.tensor([labels[str(r[args.label_field])] for r in rows])
 
 
-def pad(docs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) right-padded ids and (B,) lengths."""
-    lengths = torch.tensor([len(d) for d in docs])
-    ids = torch.full((len(docs), int(lengths.max())), pad_id)
-    for i, d in enumerate(docs):
-        ids[i, : len(d)] = torch.tensor(d)
-    return ids, lengths
-
-
 @torch.no_grad()
 def accuracy(model, docs: list[list[int]], labels: torch.Tensor, batch_size: int, pad_id: int, device) -> float:
     model.eval()
     right = 0
-    for i in range(0, len(docs), batch_size):
-        ids, lengths = pad(docs[i : i + batch_size], pad_id)
-        right += int(
-            (model(ids.to(device), lengths.to(device))["logits"].argmax(-1).cpu() == labels[i : i + batch_size]).sum()
-        )
+    for rows in batch_rows(len(docs), batch_size):
+        ids, mask = pad_ids(docs[rows], pad_id)
+        logits = model(ids.to(device), mask.sum(1).to(device))["logits"]
+        right += int((logits.argmax(-1).cpu() == labels[rows]).sum())
     model.train()
     return right / max(1, len(docs))
 
@@ -168,8 +159,8 @@ class ConcatPoolTask:
         return len(self.docs)
 
     def batch(self, rows: list[int], device: torch.device) -> Batch:
-        ids, lengths = pad([self.docs[j] for j in rows], self.pad_id)
-        return {"input_ids": ids.to(device), "lengths": lengths.to(device), "labels": self.labels[rows].to(device)}
+        ids, mask = pad_ids([self.docs[j] for j in rows], self.pad_id)
+        return batch_on({"input_ids": ids, "lengths": mask.sum(1), "labels": self.labels[rows]}, device)
 
     def loss(self, engine: nn.Module, batch: Batch) -> torch.Tensor:
         return self.model.loss(engine(batch["input_ids"], batch["lengths"]), batch["labels"])
