@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from glm_dist.models.recurrent import LSTMLayer
+from glm_dist.transfer.inputs import batch_rows, pad_ids
 
 
 class CoVeEmbedder(nn.Module):
@@ -61,17 +62,15 @@ def encode(tok: Tokenizer, texts: Sequence[str], *, max_len: int = 0) -> dict[st
     unk, pad = tok.token_to_id("<unk>"), tok.token_to_id("<pad>")
     rows = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     rows = [(r[:max_len] if max_len else r) or [unk] for r in rows]
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    ids, mask = pad_ids(rows, pad)
     return {"input_ids": ids, "attention_mask": mask}
 
 
 def cove_features(model: nn.Module, tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 32) -> list[np.ndarray]:
     """Each text's [GloVe; CoVe] vectors, (words, d_input + 2 d_model) float32 (``glm features``)."""
     embedder, out = CoVeEmbedder(model), []
-    for start in range(0, len(texts), batch_size):
-        batch = encode(tok, texts[start : start + batch_size])
+    for rows in batch_rows(len(texts), batch_size):
+        batch = encode(tok, texts[rows])
         vectors = embedder(**batch)
         out += [vectors[b, : int(n)].float().numpy() for b, n in enumerate(batch["attention_mask"].sum(1))]
     return out

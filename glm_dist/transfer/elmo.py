@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from data_pipeline.tokenize.word import BOS_CHAR, EOS_CHAR, mark_chars, word_chars
+from glm_dist.transfer.inputs import batch_rows, pad_ids
 
 
 def masked_layer_norm(layers: torch.Tensor, mask: torch.Tensor | None, eps: float = 1e-12) -> torch.Tensor:
@@ -87,16 +88,12 @@ def encode(tok: Tokenizer, texts: Sequence[str | Sequence[str]]) -> tuple[dict[s
     a text is split by the tokenizer, a list of words is taken as it is."""
     unk, bos, eos = tok.token_to_id("<unk>"), tok.token_to_id("<bos>"), tok.token_to_id("<eos>")
     words = [split_words(tok, t) if isinstance(t, str) else list(t) for t in texts]
-    width = max(len(w) for w in words) + 2
-    ids = torch.zeros(len(texts), width, dtype=torch.long)  # <pad> = 0 in the word profile
-    chars = torch.zeros(len(texts), width, 50, dtype=torch.long)  # a padding token's characters are all 0
-    mask = torch.zeros(len(texts), width, dtype=torch.long)
+    rows = [[bos] + [tok.token_to_id(w) if tok.token_to_id(w) is not None else unk for w in ws] + [eos] for ws in words]
+    ids, mask = pad_ids(rows, 0)  # <pad> = 0 in the word profile
+    chars = torch.zeros(*ids.shape, 50, dtype=torch.long)  # a padding token's characters are all 0
     for b, ws in enumerate(words):
-        row = [bos] + [tok.token_to_id(w) if tok.token_to_id(w) is not None else unk for w in ws] + [eos]
-        ids[b, : len(row)] = torch.tensor(row)
         spelled = [mark_chars(BOS_CHAR)] + [word_chars(w) for w in ws] + [mark_chars(EOS_CHAR)]
-        chars[b, : len(row)] = torch.from_numpy(np.stack(spelled).astype(np.int64))
-        mask[b, : len(row)] = 1
+        chars[b, : len(spelled)] = torch.from_numpy(np.stack(spelled).astype(np.int64))
     return {"input_ids": ids, "char_ids": chars, "attention_mask": mask}, words
 
 
@@ -108,8 +105,8 @@ def layer_features(
     ``features`` of the elmo family: ``glm features`` and ``glm_dist.transfer.features``)."""
     embedder = ElmoEmbedder(bilm)
     features = []
-    for start in range(0, len(texts), batch_size):
-        batch, words = encode(tok, texts[start : start + batch_size])
+    for rows in batch_rows(len(texts), batch_size):
+        batch, words = encode(tok, texts[rows])
         layers = embedder.layers(batch["input_ids"], char_ids=batch["char_ids"], attention_mask=batch["attention_mask"])
         features += [layers[:, b, 1 : len(ws) + 1].float().numpy() for b, ws in enumerate(words)]
     return features

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from glm_dist.transfer.elmo import ElmoEmbedder
+from glm_dist.transfer.inputs import batch_rows, pad_ids
 
 PAD, UNK = 0, 1
 
@@ -94,12 +95,8 @@ class WordInContext(nn.Module):
 
 def collate(rows: Sequence[dict], vocab: dict[str, int], *, with_layers: bool) -> dict[str, torch.Tensor]:
     """Rows ``{words, position, label[, layers (L + 1, words, D)]}`` -> a right-padded batch."""
-    width = max(len(r["words"]) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, : len(r["words"])] = torch.tensor([vocab.get(w, UNK) for w in r["words"]])
-        mask[b, : len(r["words"])] = 1
+    ids, mask = pad_ids([[vocab.get(w, UNK) for w in r["words"]] for r in rows], PAD)
+    width = ids.shape[1]
     batch = {
         "ids": ids,
         "mask": mask,
@@ -123,8 +120,8 @@ def _logits(model: WordInContext, batch: dict) -> torch.Tensor:
 def accuracy(model: WordInContext, rows: Sequence[dict], vocab: dict[str, int], *, batch_size: int = 256) -> float:
     model.eval()
     right = 0
-    for start in range(0, len(rows), batch_size):
-        batch = collate(rows[start : start + batch_size], vocab, with_layers=model.elmo is not None)
+    for part in batch_rows(len(rows), batch_size):
+        batch = collate(rows[part], vocab, with_layers=model.elmo is not None)
         right += int((_logits(model, batch).argmax(-1) == batch["labels"]).sum())
     return right / len(rows)
 
@@ -154,8 +151,8 @@ def fit(
     for epoch in range(epochs):
         model.train()
         order = rng.permutation(len(train))
-        for start in range(0, len(train), batch_size):
-            rows = [train[i] for i in order[start : start + batch_size]]
+        for part in batch_rows(len(train), batch_size):
+            rows = [train[i] for i in order[part]]
             batch = collate(rows, vocab, with_layers=model.elmo is not None)
             loss = F.cross_entropy(_logits(model, batch), batch["labels"])
             opt.zero_grad(set_to_none=True)
