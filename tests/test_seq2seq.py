@@ -107,6 +107,7 @@ def test_t5_v1_1_flavors_are_untied_gated_and_sized_like_the_release():
 
 
 import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from tests.conftest import ROOT, run_glm  # noqa: E402
 
@@ -126,6 +127,20 @@ QUICK = [
 ]
 
 
+@pytest.fixture(scope="module")
+def corpus_shards(tmp_path_factory):
+    """family -> where the corpus's shards in that family's tokenizer go: the first run that names it
+    tokenizes the corpus there, later ones (T5's pretraining tests) train on the same set."""
+    made = {}
+
+    def get(family: str) -> Path:
+        if family not in made:
+            made[family] = tmp_path_factory.mktemp(f"{family}-corpus") / "shards"
+        return made[family]
+
+    return get
+
+
 def _losses(out_dir):
     rows = [json.loads(r) for r in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if r["kind"] == "train"]
@@ -133,7 +148,9 @@ def _losses(out_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["t5", "bart"])
-def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_transformers(family, corpus, tmp_path):
+def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_transformers(
+    family, corpus, corpus_shards, tmp_path
+):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from glm_dist.models.generate import GenerationConfig, generate
@@ -145,7 +162,7 @@ def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_t
         str(ROOT / f"configs/experiments/{family}-tiny-cpu.yaml"),
         *QUICK,
         f"data.source={corpus}",
-        f"data.shards_dir={tmp_path / 'shards'}",
+        f"data.shards_dir={corpus_shards(family)}",
         "parallel.zero_stage=3",
     ]
     one = run_glm([*common, f"train.out_dir={tmp_path / 'one'}", "train.grad_accum_steps=2"])
@@ -193,7 +210,7 @@ def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_t
 
 
 @pytest.mark.slow
-def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, tmp_path):
+def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, corpus_shards, tmp_path):
     run_glm(
         [
             "train",
@@ -203,7 +220,7 @@ def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, tmp_path):
             "train.max_steps=60",
             "data.seq_len=128",
             f"data.source={corpus}",
-            f"data.shards_dir={tmp_path / 'shards'}",
+            f"data.shards_dir={corpus_shards('t5')}",
             f"train.out_dir={tmp_path / 'pre'}",
         ]
     )
