@@ -79,7 +79,10 @@ def model_shape(spec, model_cfg) -> ModelShape:
         model = spec.model(model_cfg)
     params = sum(p.numel() for p in model.parameters())
     units = [sum(p.numel() for p in u.parameters()) for u in _units(model)]
-    split = {id(p) for p in vocab_parameters(model, spec.vocab_plans)} if spec.vocab_parallel else set()
+    vocab_params = vocab_parameters(model, spec.vocab_plans)
+    split = {id(p) for p in vocab_params} if spec.vocab_parallel else set()
+    # the logits' columns: the vocabulary matrices' rows, padding included (model.pad_vocab_to_multiple_of)
+    columns = max((p.shape[0] for p in vocab_params), default=model_cfg.vocab_size)
     vocab_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in split) for u in _units(model))
     heads = {id(p) for p in tensor_parameters(model, spec.tensor_plans)}
     tensor_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in heads) for u in _units(model))
@@ -93,7 +96,7 @@ def model_shape(spec, model_cfg) -> ModelShape:
         model_cfg.n_head,
         model_cfg.d_model,
         ffn,
-        model_cfg.vocab_size,
+        columns,
         max_pp=0 if spec.pipeline else 1,
         max_tp=0 if spec.tensor_parallel else 1,
         fused_loss=getattr(model, "fused_loss", False),
