@@ -56,13 +56,25 @@ class HFAdapter(Protocol):
         inverse of ``export_hf``'s names), ready for ``model(cfg).load_state_dict``."""
 
 
-def load_exported(hf_model: nn.Module, hf_state_dict: dict[str, torch.Tensor], *, unused: tuple[str, ...] = ()) -> None:
-    """Load an adapter's renamed weights into the transformers model it exports; any name left over on
-    either side is an error, except transformers' own buffers ending in ``unused`` (masks, position ids)."""
+def save_exported(
+    out_dir: str,
+    hf_model: nn.Module,
+    hf_state_dict: dict[str, torch.Tensor],
+    tokenizer: Any = None,
+    *,
+    unused: tuple[str, ...] = (),
+) -> None:
+    """The end of every ``export_hf``: load an adapter's renamed weights into the transformers model it
+    exports and write the folder ``from_pretrained`` reads, with the tokenizer (``hf_tokenizer``; None: the
+    weights alone). Any name left over on either side is an error, except transformers' own buffers
+    ending in ``unused`` (masks, position ids)."""
     missing, unexpected = hf_model.load_state_dict(hf_state_dict, strict=False)
     missing = [k for k in missing if not k.endswith(unused)] if unused else missing
     if missing or unexpected:
         raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")
+    hf_model.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
 
 
 # the tokenizer roles (data_pipeline/tokenize/profiles.py) transformers names as ``<role>_token``; "eot" has no name

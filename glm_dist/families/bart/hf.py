@@ -7,7 +7,7 @@ import re
 import torch
 
 from glm_dist.families.bart.model import BartConfig
-from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 _BLOCK = {
     "self_attn": "self_attn",
@@ -116,10 +116,7 @@ def export_hf(
 ) -> None:
     from transformers import BartForConditionalGeneration
 
-    model = BartForConditionalGeneration(to_hf_config(cfg))
-    load_exported(model, to_hf_state_dict(state_dict))
-    model.save_pretrained(out_dir)
     roles = {"bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>", "mask": "<mask>"}
     tokenizer = hf_tokenizer(tokenizer_file, roles, context_length=cfg.context_length)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    model = BartForConditionalGeneration(to_hf_config(cfg))
+    save_exported(out_dir, model, to_hf_state_dict(state_dict), tokenizer)

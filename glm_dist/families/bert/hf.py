@@ -12,7 +12,7 @@ import re
 import torch
 
 from glm_dist.families.bert.model import EncoderConfig
-from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 _BLOCK_BERT = {  # ours -> transformers, inside "<prefix>.encoder.layer.{i}."
     "attn.query": "attention.self.query",
@@ -224,9 +224,6 @@ def export_hf(
     """Write a folder the family's transformers class and ``AutoTokenizer`` load."""
     from data_pipeline.tokenize.profiles import PROFILES
 
-    model = hf_model_class(cfg)(to_hf_config(cfg))
-    load_exported(model, to_hf_state_dict(state_dict, cfg), unused=("position_ids", "token_type_ids", "bias"))
-    model.save_pretrained(out_dir)
     segments = ["token_type_ids"] if cfg.type_vocab_size > 1 else []
     tokenizer = hf_tokenizer(
         tokenizer_file,
@@ -234,5 +231,6 @@ def export_hf(
         context_length=cfg.context_length,
         model_input_names=["input_ids", *segments, "attention_mask"],
     )
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    model = hf_model_class(cfg)(to_hf_config(cfg))
+    unused = ("position_ids", "token_type_ids", "bias")
+    save_exported(out_dir, model, to_hf_state_dict(state_dict, cfg), tokenizer, unused=unused)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
-from glm_dist.families.spec import hf_tokenizer, load_exported
+from glm_dist.families.spec import hf_tokenizer, save_exported
 
 # ours -> transformers, for one block (prefix "blocks.{i}." / "transformer.h.{i}.")
 _BLOCK = {
@@ -150,9 +150,5 @@ def export_hf(
 
     tokenizer, eot_id = eot_tokenizer(tokenizer_file, profile, context_length=cfg.context_length)
     model = GPT2LMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    load_exported(
-        model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), unused=(".attn.bias", ".attn.masked_bias")
-    )
-    model.save_pretrained(out_dir)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    hf_sd = to_hf_state_dict(unpadded_state_dict(state_dict, cfg))
+    save_exported(out_dir, model, hf_sd, tokenizer, unused=(".attn.bias", ".attn.masked_bias"))

@@ -18,7 +18,7 @@ import torch
 
 from glm_dist.families.gpt import hf as gpt
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
-from glm_dist.families.spec import load_exported
+from glm_dist.families.spec import save_exported
 
 # ours -> transformers, outside the blocks
 _TOP = {
@@ -72,7 +72,4 @@ def export_hf(
 
     tokenizer, eot_id = gpt.eot_tokenizer(tokenizer_file, profile, context_length=cfg.context_length)
     model = OpenAIGPTLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), eot_id=eot_id))
-    load_exported(model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)))
-    model.save_pretrained(out_dir)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    save_exported(out_dir, model, to_hf_state_dict(unpadded_state_dict(state_dict, cfg)), tokenizer)

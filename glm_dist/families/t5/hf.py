@@ -7,7 +7,7 @@ import re
 import torch
 
 from glm_dist.families.t5.model import T5Config
-from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 
 def hf_name(ours: str) -> str:
@@ -122,11 +122,8 @@ def export_hf(
             "transformers 5 always ties T5's output layer to its embedding, so an untied T5 v1.1 "
             "cannot be exported faithfully; export T5 1.0 (tied) models"
         )
-    model = T5ForConditionalGeneration(to_hf_config(cfg))
-    load_exported(model, to_hf_state_dict(state_dict))
-    model.save_pretrained(out_dir)
     tokenizer = hf_tokenizer(
         tokenizer_file, {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}, context_length=cfg.context_length
     )
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+    model = T5ForConditionalGeneration(to_hf_config(cfg))
+    save_exported(out_dir, model, to_hf_state_dict(state_dict), tokenizer)

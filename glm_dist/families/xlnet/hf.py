@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from glm_dist.families.xlnet.model import XLNetConfig
-from glm_dist.families.spec import hf_tokenizer, load_exported, state_dict_keys
+from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 _TOP = {
     "embed.word.weight": "transformer.word_embedding.weight",
@@ -169,7 +169,4 @@ def export_hf(
         {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id} if tok is not None else {}
     )
     model = XLNetLMHeadModel(to_hf_config(replace(cfg, dropout=0.0), **ids))
-    load_exported(model, to_hf_state_dict(state_dict, cfg))
-    model.save_pretrained(out_dir)
-    if tok is not None:
-        tok.save_pretrained(out_dir)
+    save_exported(out_dir, model, to_hf_state_dict(state_dict, cfg), tok)
