@@ -7,6 +7,7 @@ transient copies and activations included) within 10% of glm plan's total."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ from glm_dist.config.checks import model_config
 from glm_dist.config.deepspeed_json import zero_buffers
 from glm_dist.config.loader import load_config
 from glm_dist.families.registry import family
-from glm_dist.parallel.plan import GB, model_shape, phase_bytes, plan, recommend
+from glm_dist.parallel.plan import GB, model_shape, model_state_bytes, phase_bytes, plan, recommend
 from tests.conftest import ROOT, TINY, clean_env, tagged_json
 
 TINY_MODEL = [
@@ -162,12 +163,17 @@ def measure(cfg, world_size):
         buckets()
         engine.step()
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3: the whole tensors'
-    return {"optimizer": type(wrapper).__name__, "params": params, **peak}
+    offloaded = [getattr(wrapper, "cpu_offload", False) or getattr(wrapper, "offload_optimizer", False),
+                 getattr(wrapper, "offload_param", False)]  # what DeepSpeed's wrapper took from the JSON
+    offload = {(True, False): "optimizer", (True, True): "optimizer+params"}.get(tuple(offloaded), "none")
+    return {"optimizer": type(wrapper).__name__, "params": params, "offload": offload, **peak}
 
 
 dist = init_distributed()
-for stage in (0, 1, 2, 3):
-    cfg = load_config(sys.argv[1], [*sys.argv[2:], f"parallel.zero_stage={stage}"])
+SWITCHES = {"none": [], "optimizer": ["parallel.offload_optimizer=true"],
+            "optimizer+params": ["parallel.offload_optimizer=true", "parallel.offload_params=true"]}
+for stage, offload in json.loads(sys.argv[1]):  # [[zero stage, glm plan's offload], ...]
+    cfg = load_config(sys.argv[2], [*sys.argv[3:], f"parallel.zero_stage={stage}", *SWITCHES[offload]])
     row, row["transient"] = live_peak(lambda: measure(cfg, dist.world_size))
     gc.collect()  # the engine's cycles (parameters and their DeepSpeed-bound methods) before the next stage
     print("ENGINE_BYTES" + json.dumps({"rank": dist.rank, "zero": stage, **row}), flush=True)
@@ -180,8 +186,11 @@ WRAPPERS = {
 }
 
 
-def engine_bytes(world: int, precision: str, tmp_path, model=TINY_MODEL) -> dict[int, dict]:
-    """Per ZeRO stage, the measured peaks of the fullest rank."""
+ZERO_STAGES = ((0, "none"), (1, "none"), (2, "none"), (3, "none"))
+
+
+def engine_bytes(world: int, precision: str, tmp_path, model=TINY_MODEL, combos=ZERO_STAGES) -> dict[tuple, dict]:
+    """Per (ZeRO stage, offload) of ``combos``, the measured peaks of the fullest rank."""
     script = tmp_path / "engine_bytes.py"
     script.write_text(ENGINE_SCRIPT)
     cmd = (
@@ -190,7 +199,7 @@ def engine_bytes(world: int, precision: str, tmp_path, model=TINY_MODEL) -> dict
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(script)]
     )
     proc = subprocess.run(
-        [*cmd, TINY, *model, f"train.precision={precision}"],
+        [*cmd, json.dumps(combos), TINY, *model, f"train.precision={precision}"],
         cwd=ROOT,
         env=clean_env(threads=max(1, 2 // world)),
         capture_output=True,
@@ -199,13 +208,18 @@ def engine_bytes(world: int, precision: str, tmp_path, model=TINY_MODEL) -> dict
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = tagged_json(proc.stdout, "ENGINE_BYTES")
-    assert len(rows) == 4 * world, proc.stdout[-2000:]
+    assert len(rows) == len(combos) * world, proc.stdout[-2000:]
     out = {}
     for row in rows:
-        best = out.setdefault(row["zero"], dict(row))
+        best = out.setdefault((row["zero"], row["offload"]), dict(row))
         for key in ("backward", "step", "transient"):
             best[key] = max(best[key], row[key])
+    assert list(out) == list(combos), rows  # DeepSpeed's wrapper offloads what the generated JSON asks
     return out
+
+
+# ZeRO-Offload (ZeRO 1-3) and ZeRO-Infinity's parameter offload (ZeRO-3), measured in the bf16 one-rank run
+OFFLOADED = ((1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params"))
 
 
 @pytest.mark.parametrize(
@@ -213,17 +227,23 @@ def engine_bytes(world: int, precision: str, tmp_path, model=TINY_MODEL) -> dict
     [(1, "bf16"), pytest.param(2, "bf16", marks=pytest.mark.slow), pytest.param(2, "fp32", marks=pytest.mark.slow)],
 )
 def test_plan_counts_what_the_deepspeed_engine_allocates(world, precision, tmp_path):
+    """Offloaded: on the CPU accelerator the device and the host are one memory, so glm plan's device
+    bytes per phase plus its host bytes (master weights, moments, fp32 gradients, staging copies) are
+    what the engine holds."""
     shape = model_shape(family("gpt"), model_config(load_config(TINY, TINY_MODEL)))
-    for zero, row in engine_bytes(world, precision, tmp_path).items():
-        assert row["optimizer"] == WRAPPERS[precision][zero]
+    combos = ZERO_STAGES + (OFFLOADED if (world, precision) == (1, "bf16") else ())  # one process for all
+    for (zero, offload), row in engine_bytes(world, precision, tmp_path, combos=combos).items():
+        assert row["optimizer"] == WRAPPERS[precision][max(zero, 2) if offload != "none" else zero]
         assert row["params"] == shape.params
         if zero >= 2:  # the generated JSON's bucket, not DeepSpeed's 5e8-element default
             assert row["bucket_elements"] == zero_buffers(shape.d_model, zero)["reduce_bucket_size"] == 64 * 64
+        host = model_state_bytes(shape.params, shape.largest_layer, world, zero, offload, precision)[3]
+        assert (host > 0) == (offload != "none")
         backward, step = phase_bytes(
-            shape.params, shape.largest_layer, world, zero, "none", precision, d_model=shape.d_model
+            shape.params, shape.largest_layer, world, zero, offload, precision, d_model=shape.d_model
         )
-        assert backward / row["backward"] == pytest.approx(1, abs=0.1), (zero, backward, row)
-        assert step / row["step"] == pytest.approx(1, abs=0.1), (zero, step, row)
+        assert (backward + host) / row["backward"] == pytest.approx(1, abs=0.1), (zero, offload, backward, host, row)
+        assert (step + host) / row["step"] == pytest.approx(1, abs=0.1), (zero, offload, step, host, row)
 
 
 def test_plan_total_is_the_measured_peak_of_a_bf16_step(tmp_path):
@@ -232,7 +252,7 @@ def test_plan_total_is_the_measured_peak_of_a_bf16_step(tmp_path):
     cfg = load_config(TINY, WIDE_MODEL)
     shape = model_shape(family("gpt"), model_config(cfg))
     layouts = plan(shape, gpus=1, seq_len=cfg.data.seq_len, micro_batch=2, global_batch=2)
-    for zero, row in engine_bytes(1, "bf16", tmp_path, WIDE_MODEL).items():
+    for (zero, _), row in engine_bytes(1, "bf16", tmp_path, WIDE_MODEL).items():
         lay = next(lay for lay in layouts if (lay.zero, lay.offload) == (zero, "none"))
         assert lay.step > lay.backward + lay.activations  # the step's copies, not the activations, make the peak
         if zero <= 2:

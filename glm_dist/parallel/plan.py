@@ -5,10 +5,12 @@ Model states follow DeepSpeed's own accounting for mixed-precision Adam (its
 16-bit grads, fp32 grads, fp32 master weights and Adam moments; ZeRO-1 partitions the fp32 states,
 ZeRO-2 the 16-bit grads too, ZeRO-3 everything (plus 4 bytes per parameter of the largest layer,
 gathered while it runs); offload moves the partitioned states (and with ``offload_params`` the
-weights) to CPU memory. ``train.precision=fp32`` keeps 4 + 4 + 8 bytes instead (4 + 4 + 12 under ZeRO,
-whose fp32 master partition is a copy). bf16 with ZeRO-0 or 1 (no offload) is DeepSpeed's BF16_Optimizer
-(glm train runs bf16 ZeRO-0 as ZeRO-1), which partitions only the master weights and moments: every rank
-holds 2 + 2 + 4 bytes per parameter of weights, bf16 gradients and fp32 gradient accumulation buffer.
+weights) to CPU memory, with the 16-bit copies and staging buffers DeepSpeed keeps there (``Layout.cpu``;
+ZeRO-1 then keeps its gradients on the device in fp32). ``train.precision=fp32`` keeps 4 + 4 + 8 bytes
+instead (4 + 4 + 12 under ZeRO, whose fp32 master partition is a copy). bf16 with ZeRO-0 or 1 (no
+offload) is DeepSpeed's BF16_Optimizer (glm train runs bf16 ZeRO-0 as ZeRO-1), which partitions only the
+master weights and moments: every rank holds 2 + 2 + 4 bytes per parameter of weights, bf16 gradients
+and fp32 gradient accumulation buffer.
 
 Those are DeepSpeed's estimators' model states. What a rank holds at its peak is one of two moments
 (:func:`phase_bytes`): the backward, with the activations, the gradients made so far and ZeRO's reduce
@@ -222,9 +224,21 @@ def model_state_bytes(
         )
     cpu = 0.0
     if offload != "none":
-        cpu, g, o = g + o, (g16 * params if zero == 1 else 0.0), 0.0  # gradients stream to the CPU partition
-        if zero == 1:
-            cpu -= g16 * params
+        # ZeRO-Offload's host memory: per parameter of the partition the fp32 master weights and Adam moments
+        # (``states``) and the fp32 gradient the CPU optimizer steps with (4; initialize_optimizer_states in
+        # zero/stage_1_and_2.py and zero/stage3.py); at ZeRO-1/2 also a 16-bit copy of the weight partition the
+        # step writes before it goes to the device (``param_buffer_of_bit16_for_cpu_offload_groups``) and a
+        # staging buffer of the largest parameter (``temp_grad_buffer_for_cpu_offload``); at ZeRO-3 the 16-bit
+        # (fp32: 4-byte) gradient partition itself (``grad_partitions_flat_buffer``, on the optimizer's device). With
+        # ``pin_memory`` (CUDA) the same bytes, page-locked.
+        if zero == 3:
+            cpu = (states + 4 + g16) * params / dp
+        else:
+            cpu = (states + 4 + w16) * params / dp + w16 * largest_layer
+        # on the device ZeRO-1 keeps every gradient until the step, in the fp32 accumulation dtype (the
+        # ``grad_accum`` attribute, stage_1_and_2.py, when it differs from the weights' and gradients are not
+        # partitioned); ZeRO-2/3 copy each reduced gradient to the host partition
+        g, o = (4 * params if zero == 1 else 0.0), 0.0
         if offload == "optimizer+params":
             cpu += w - 4 * largest_layer
             w = 4 * largest_layer
@@ -248,8 +262,9 @@ def phase_bytes(
     """(backward, step): bytes per GPU of model states and DeepSpeed's buffers for ``params``
     parameters on a rank (besides activations) while the backward runs -- the gradients it has made,
     the reduce buckets, a gradient larger than a bucket reduced on its own (the largest layer's) --
-    and in the gradient reduction and optimizer step after it. Measured against the engine's own
-    tensors, ZeRO 0-3 in bf16 on 1 and 2 ranks (tests/test_plan_matches_engine.py)."""
+    and in the gradient reduction and optimizer step after it; offloaded, the device's share (the host's
+    is :func:`model_state_bytes`' CPU bytes). Measured against the engine's own tensors, ZeRO 0-3 in bf16
+    on 1 and 2 ranks, offloaded at ZeRO 1-3 on one (tests/test_plan_matches_engine.py)."""
     e = 4 if precision == "fp32" else 2  # bytes of a weight or gradient element
     sizes = zero_buffers(d_model, zero)
     bucket = e * sizes["reduce_bucket_size"]
@@ -260,8 +275,15 @@ def phase_bytes(
             partition, largest_layer, dp, o, offload, e=e, bucket=bucket, near=sizes["stage3_prefetch_bucket_size"]
         )
     buckets = (2 if zero == 2 else 1) * bucket  # ZeRO-2 overlaps: two buckets
-    if offload != "none":  # gradients stream to the CPU step through the buckets and a largest-tensor buffer
-        return w + g + buckets + 2 * e * largest_layer, w + g
+    if offload != "none":
+        # gradients stream to the host through the buckets and a device buffer of the largest parameter
+        # (``temp_grad_buffer_for_gpu_offload``, stage_1_and_2.py: kept through the step); ZeRO-1 buckets and
+        # reduces its fp32 accumulations (``_gradient_reduction_buffer_dtype``), a gradient larger than a bucket
+        # from a flat copy (average_tensor -> allreduce_bucket); ZeRO-2 one gradient in flight
+        staging = e * largest_layer
+        if zero == 1:
+            return w + g + 4 * sizes["reduce_bucket_size"] + staging + 2 * 4 * largest_layer, w + g + staging
+        return w + g + buckets + staging + e * largest_layer, w + g + staging
     if zero == 0 or (zero == 1 and precision == "bf16"):  # no ZeRO optimizer, or BF16_Optimizer
         # the engine all-reduces the gradients (BF16_Optimizer's fp32 accumulation buffer) from flat copies
         # (deepspeed/runtime/engine.py, allreduce_bucket: ``tensor = self.flatten(bucket)``), which bf16
