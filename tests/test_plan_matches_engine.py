@@ -1,7 +1,8 @@
 """glm plan against what DeepSpeed's engine allocates: ZeRO 0-3 in bf16 on one and two ranks (and in
 fp32 on two), the bytes of every tensor reachable from the engine (parameters, gradients, optimizer states, reduce
 buckets, flat gradient copies; each storage once) at their largest while the backward runs and in
-the gradient reduction and optimizer step after it, within 10% of what glm plan counts; and, at bf16
+the gradient reduction and optimizer step after it, within 10% of what glm plan counts (offloaded, at
+ZeRO 1-3 in bf16 on one rank: its device plus host bytes, one memory on the CPU); and, at bf16
 ZeRO 0-2, the true peak of live bytes through two steps (the profiler's allocation events replayed:
 transient copies and activations included) within 10% of glm plan's total."""
 
