@@ -211,10 +211,12 @@ sys.exit(cli.main(["config", "show"]))
 def crash(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
+    tmp = tmp_path / "tmp"  # the planted links land here, never in the machine's /tmp
+    tmp.mkdir(exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-c", BUG, str(victim)],
         cwd=ROOT,
-        env=clean_env() | env,
+        env=clean_env() | {"TMPDIR": str(tmp)} | env,
         capture_output=True,
         text=True,
         timeout=120,
