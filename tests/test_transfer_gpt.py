@@ -15,7 +15,7 @@ from glm_dist.families.gpt.model import GPT
 from glm_dist.families.gpt1.model import gpt1_config
 from glm_dist.families.registry import build_model, published_flavors
 from glm_dist.transfer import inputs
-from glm_dist.transfer.heads import GPTTransfer, add_token_embeddings
+from glm_dist.transfer.heads import GPTTransfer
 from glm_dist.transfer.inputs import SpecialTokens, pack
 from tests.conftest import FAST, ROOT, run_glm
 
@@ -82,7 +82,7 @@ def _mc_batch(vocab: int) -> dict:
 
 def test_multiple_choice_head_matches_openai_gpt_double_heads_after_export():
     lm = _gpt1(2)
-    add_token_embeddings(lm, 3)
+    lm.add_tokens(3)
     ours = GPTTransfer(lm, "multiple_choice", 1).eval()
     with torch.no_grad():
         ours.classifier.weight.normal_(0, 0.5)
@@ -125,7 +125,7 @@ def test_classification_and_entailment_wrap_the_text_in_start_delimiter_and_extr
 def test_similarity_reads_both_orders_and_sums_their_final_states():
     assert inputs.similarity([1, 2], [3], SP, 16) == [[100, 1, 2, 101, 3, 102], [100, 3, 101, 1, 2, 102]]
     lm = _gpt1(4)
-    add_token_embeddings(lm, 3)
+    lm.add_tokens(3)
     model = GPTTransfer(lm, "similarity", 3).eval()
     a, b = [5, 6, 7, 8], [9, 10]
     ab = pack([inputs.similarity(a, b, SpecialTokens.after(97), 32)])
@@ -144,7 +144,7 @@ def test_multiple_choice_scores_each_candidate_and_takes_the_softmax_over_candid
     seqs = inputs.multiple_choice([1, 2], [[3], [4, 5]], SP, 16)
     assert seqs == [[100, 1, 2, 101, 3, 102], [100, 1, 2, 101, 4, 5, 102]]
     lm = _gpt1(5)
-    add_token_embeddings(lm, 3)
+    lm.add_tokens(3)
     model = GPTTransfer(lm, "multiple_choice", 1).eval()
     sp = SpecialTokens.after(97)
     batch = pack(
@@ -170,7 +170,7 @@ def test_new_tokens_grow_the_tied_embedding_and_keep_the_pretrained_rows():
     x = torch.randint(0, 97, (1, 10))
     with torch.no_grad():
         before = lm(x)
-    assert add_token_embeddings(lm, 3) == 97
+    assert lm.add_tokens(3) == 97
     assert lm.embed.wte.weight.shape == (100, 64) and lm.head.lm_head.weight is lm.embed.wte.weight
     with torch.no_grad():
         after = lm(x)
@@ -188,7 +188,7 @@ def test_new_tokens_take_the_padding_rows_of_a_padded_vocabulary_and_grow_it_pas
         before = lm(x)
     storage, params = lm.embed.wte.weight.data_ptr(), count_parameters(lm)
     padding = lm.embed.wte.weight[97:100].detach().clone()
-    assert add_token_embeddings(lm, 3) == 97
+    assert lm.add_tokens(3) == 97
     weight = lm.embed.wte.weight
     assert weight.shape == (128, 64) and weight.data_ptr() == storage and lm.head.lm_head.weight is weight
     assert lm.cfg.vocab_size == 100 and lm.head.padding_columns == 28 and count_parameters(lm) == params + 3 * 64
@@ -198,7 +198,7 @@ def test_new_tokens_take_the_padding_rows_of_a_padded_vocabulary_and_grow_it_pas
     assert after.shape[-1] == 100
     torch.testing.assert_close(after[..., :97], before)
     new_rows = weight[97:100].detach().clone()
-    assert add_token_embeddings(lm, 30) == 100
+    assert lm.add_tokens(30) == 100
     weight = lm.embed.wte.weight
     assert weight.shape == (256, 64) and lm.head.lm_head.weight is weight and lm.cfg.vocab_size == 130
     assert torch.equal(weight[97:100], new_rows) and torch.equal(weight[130:], torch.zeros(126, 64))
@@ -211,7 +211,7 @@ def test_new_tokens_take_the_padding_rows_of_a_padded_vocabulary_and_grow_it_pas
 
 def test_the_lm_loss_is_the_mean_next_token_loss_over_the_real_tokens():
     lm = _gpt1(7)
-    add_token_embeddings(lm, 3)
+    lm.add_tokens(3)
     model = GPTTransfer(lm, "classify", 2).eval()
     batch = pack(
         [

@@ -20,7 +20,7 @@ from torch import nn
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.families.registry import family
 from glm_dist.transfer.files import finish, train_valid_rows
-from glm_dist.transfer.heads import GPTTransfer, add_token_embeddings, set_dropout
+from glm_dist.transfer.heads import GPTTransfer, set_dropout
 from glm_dist.transfer.inputs import SpecialTokens, batch_on, batch_rows, pack, transform
 from glm_dist.transfer.loop import ADAMW, Batch, finetune_task
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
@@ -126,7 +126,7 @@ def finetune_gpt(args: FinetuneArgs, lm: torch.nn.Module, meta: dict) -> dict:
     labels = label_index(train_rows, args)
     if args.task != "multiple_choice":
         valid_rows = [r for r in valid_rows if str(r[args.label_field]) in labels]
-    sp = SpecialTokens.after(add_token_embeddings(lm, 3))
+    sp = SpecialTokens.after(lm.add_tokens(3))
     max_len = min(args.max_len, lm.cfg.context_length)
     train, y_train = encode_rows(train_rows, tok, args, labels, sp, max_len)
     valid, y_valid = encode_rows(valid_rows, tok, args, labels, sp, max_len)

@@ -9,41 +9,11 @@ the softmax over candidates -- transformers' ``OpenAIGPTDoubleHeadsModel`` multi
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glm_dist.models.common import CausalSelfAttention, OutputLinear, pad_vocab_rows
-
-
-def add_token_embeddings(lm: nn.Module, count: int, *, std: float = 0.02) -> int:
-    """Add ``count`` tokens to a GPT's (tied) token embedding, their rows drawn from N(0, std); returns
-    the first new id (the old ``vocab_size``). The output layer shares the matrix, so the LM scores the
-    new tokens too. A padded vocabulary (``model.pad_vocab_to_multiple_of``) gives them its first
-    padding rows when they fit -- the matrix keeps its tensor-core-friendly shape and storage, only the
-    padding shrinks; otherwise the matrix grows to the new size padded again."""
-    first = lm.cfg.vocab_size
-    cfg = replace(lm.cfg, vocab_size=first + count)
-    weight = lm.embed.wte.weight  # (padded vocab, C)
-    with torch.no_grad():
-        if cfg.padded_vocab_size != weight.shape[0]:  # past the padding: real rows kept, zero padding
-            grown = weight.new_zeros(cfg.padded_vocab_size, weight.shape[1])
-            grown[:first] = weight[:first]
-            weight = nn.Parameter(grown)
-        nn.init.normal_(weight[first : first + count], std=std)
-    if hasattr(weight, "vocab_rows"):
-        del weight.vocab_rows  # the old vocabulary's mark; pad_vocab_rows sets the new one
-    with torch.device("meta"):  # the modules GPT builds for the new size, around the kept matrix
-        lm.embed.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
-        lm.head.lm_head = OutputLinear(cfg.d_model, cfg.padded_vocab_size, bias=False)
-    lm.embed.wte.weight = lm.head.lm_head.weight = weight
-    pad_vocab_rows(lm.embed.wte, cfg.vocab_size)
-    pad_vocab_rows(lm.head.lm_head, cfg.vocab_size)
-    lm.head.padding_columns = cfg.padded_vocab_size - cfg.vocab_size
-    lm.cfg = cfg
-    return first
+from glm_dist.models.common import CausalSelfAttention
 
 
 def set_dropout(module: nn.Module, p: float) -> None:

@@ -4,7 +4,7 @@ figure 1).
 
 Every input is one or more token sequences wrapped in a start token and an extract token, all
 three special tokens new to the pretrained vocabulary (their embeddings are learned during
-fine-tuning, ``heads.add_token_embeddings``):
+fine-tuning, ``GPT.add_tokens``):
 
 - classification: ``<s> text <e>``
 - entailment: ``<s> premise $ hypothesis <e>``

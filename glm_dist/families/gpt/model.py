@@ -18,7 +18,7 @@ loads with zero padding rows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -208,6 +208,33 @@ class GPT(nn.Module):
             else:
                 x = block(x, None if cache is None else cache[i])
         return self.head(x, project)
+
+    def add_tokens(self, count: int, *, std: float = 0.02) -> int:
+        """Grow the vocabulary by ``count`` tokens, their (tied) rows drawn from N(0, std); returns the
+        first new id (the old ``vocab_size``). The output shares the matrix, so the model scores the new
+        tokens too. A padded vocabulary (``pad_vocab_to_multiple_of``) gives them its first padding rows
+        when they fit -- the matrix keeps its shape and storage, only the padding shrinks; otherwise it
+        grows to the new size padded again, the real rows kept."""
+        first = self.cfg.vocab_size
+        cfg = replace(self.cfg, vocab_size=first + count)
+        weight = self.embed.wte.weight  # (padded vocab, C)
+        with torch.no_grad():
+            if cfg.padded_vocab_size != weight.shape[0]:  # past the padding: real rows kept, zero padding
+                grown = weight.new_zeros(cfg.padded_vocab_size, weight.shape[1])
+                grown[:first] = weight[:first]
+                weight = nn.Parameter(grown)
+            nn.init.normal_(weight[first : first + count], std=std)
+        if hasattr(weight, "vocab_rows"):
+            del weight.vocab_rows  # the old vocabulary's mark; the new modules set the new one
+        with torch.device("meta"):  # the modules __init__ builds for the new size, around the kept matrix
+            self.embed.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
+            self.head.lm_head = OutputLinear(cfg.d_model, cfg.padded_vocab_size, bias=False)
+        self.embed.wte.weight = self.head.lm_head.weight = weight
+        pad_vocab_rows(self.embed.wte, cfg.vocab_size)
+        pad_vocab_rows(self.head.lm_head, cfg.vocab_size)
+        self.head.padding_columns = cfg.padded_vocab_size - cfg.vocab_size
+        self.cfg = cfg
+        return first
 
     def num_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward), PaLM appendix B:
