@@ -15,7 +15,7 @@ from glm_dist.objectives.registry import OBJECTIVES, option_keys, options_schema
 
 
 def _f(default, help: str, **kw):
-    """A dataclass field whose ``help`` is shown by ``glm config show --help-keys``."""
+    """A dataclass field whose ``help`` is shown by ``glm config keys``."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
     return field(default=default, metadata={"help": help}, **kw)
