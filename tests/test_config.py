@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+
 import pytest
 import yaml
 
+from glm_dist.commands import config_keys
 from glm_dist.config.checks import model_config, validate
 from glm_dist.config.deepspeed_json import deepspeed_config
 from glm_dist.config.loader import ConfigError, load_config, source_of, to_dict
+from glm_dist.families.registry import FAMILIES
+from glm_dist.objectives.registry import OBJECTIVES
 from tests.conftest import ROOT, TINY
 
 
@@ -201,3 +207,15 @@ def test_what_config_show_prints_loads_back_to_the_same_config(tmp_path):
         again = load_config(shown)
         model_config(again)
         assert to_dict(again) == tree, path.name
+
+
+def test_config_keys_lists_every_familys_and_objectives_own_keys_with_who_takes_them(capsys):
+    assert config_keys.run(argparse.Namespace()) == 0
+    lines = capsys.readouterr().out.splitlines()
+    helps = {line.split(":")[0]: help.strip() for line, help in zip(lines[::2], lines[1::2])}
+    assert "model.options" not in helps and "objective.options" not in helps  # the holders, not keys
+    for section, owners in (("model", FAMILIES), ("objective", OBJECTIVES)):
+        for name, owner in owners.items():
+            for f in dataclasses.fields(owner.options if section == "model" else owner.Options):
+                users = helps[f"{section}.{f.name}"].split(": ")[0].split(", ")
+                assert name in users, (section, f.name, users)

@@ -1,5 +1,5 @@
 """``glm config keys``: every config key with its type, default and help (a field's ``help`` metadata; under
-``objective`` the keys each objective owns)."""
+``model`` and ``objective`` the keys each family and objective owns)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
         sec_hints = typing.get_type_hints(sec_cls)
         for f in dataclasses.fields(sec_cls):
             if f.name == getattr(sec_cls, "__extra__", None) and hasattr(sec_cls, "extra_keys"):
-                for key, typ, default, help in sec_cls.extra_keys():  # the objectives' own keys
+                for key, typ, default, help in sec_cls.extra_keys():  # the families' and objectives' own keys
                     print(f"{section.name}.{key}: {typ} = {default!r}\n    {help}")
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -23,7 +23,7 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class ModelConfig:
-    family: str = _f("gpt", "model family in the registry (gpt)")
+    family: str = _f("gpt", f"model family in the registry: {' | '.join(FAMILIES)}")
     flavor: str = _f("tiny", "named size of the family (tiny, gpt2-small, gpt3-175b, ...)")
     n_layer: Optional[int] = _f(None, "override the flavor's number of blocks")
     n_head: Optional[int] = _f(None, "override the flavor's attention heads")
@@ -55,10 +55,25 @@ class ModelConfig:
         every = {f.name for spec in FAMILIES.values() for f in dataclasses.fields(spec.options)}
         return FAMILIES[name].options, {k: v for k, v in extra.items() if v is not None or k not in every}
 
+    @classmethod
+    def extra_keys(cls) -> list[tuple[str, str, Any, str]]:
+        """(key, type, default, help) of every family's own key, for ``glm config keys``; a key two
+        families declare is listed once per meaning, with the families that take it."""
+        keys: dict[tuple[str, str, str], list[str]] = {}
+        for name, spec in FAMILIES.items():
+            for f in dataclasses.fields(spec.options):
+                keys.setdefault((f.name, str(f.type), f.metadata.get("help", "")), []).append(name)
+        return [(key, typ, None, f"{', '.join(users)}: {help}") for (key, typ, help), users in keys.items()]
+
 
 @dataclass
 class DataConfig:
-    source: str = _f("embedded", "'embedded' (pydoc text of the stdlib) or a JSONL/text path or glob")
+    source: str = _f(
+        "embedded",
+        "'embedded' (pydoc text of the stdlib), 'wordnet' (Debian's wordnet-base glosses and examples), "
+        "'manpages' (or manpages:DIR), a JSONL/text path, glob or fsspec URL, or a glm data run output "
+        "(its folder, URL or manifest.json)",
+    )
     text_field: str = _f("text", "JSONL field holding the document text")
     max_record_mb: float = _f(
         10.0,
