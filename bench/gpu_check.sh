@@ -168,6 +168,18 @@ throughput() {  # glm train at two micro-batches, into $WORK/throughput_mbN
   done
 }
 
+seed_ops() {  # seed_ops TO: DeepSpeed's CPU op as launch/setup_env.sh built it for $PY, copied into TO
+  # Without its lock, and with its files' times kept: ninja finds it up to date and the setup's build
+  # takes seconds, not 35-110 s. An op built against other sources or flags (the check's own deepspeed)
+  # has another build.ninja, which torch rewrites, and ninja builds it again: a copy is never wrong.
+  local op  # torch's folder: $TORCH_EXTENSIONS_DIR/NAME, or a pyXY_cpu folder under the user's cache
+  op=$("$PY" -c 'import sys; print("py%d%d_cpu" % sys.version_info[:2])') || return 0
+  op=${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_extensions/$op}/deepspeed_shm_comm
+  [ -f "$op/deepspeed_shm_comm.so" ] && [ ! -e "$op/lock" ] || return 0  # none, or a build under way
+  mkdir -p "$1/deepspeed_shm_comm" \
+    && find "$op" -maxdepth 1 -type f ! -name lock -exec cp -p {} "$1/deepspeed_shm_comm/" \;
+}
+
 run() {
   WORK=${GLM_GPU_CHECK_WORK:-$(mktemp -d -t glm-gpu-check.XXXXXX)}
   mkdir -p "$WORK"
@@ -179,9 +191,11 @@ run() {
   if [ "$CPU" = 1 ]; then  # tiny sizes: the same stages in about two minutes on 2 cores
     # The CPU collective op is built into the check's own folder: a stage killed by its timeout while
     # torch builds it leaves a 'lock' there that would make every later DeepSpeed process on the
-    # machine (the rest of the suite) wait on the shared ~/.cache/torch_extensions for ever.
+    # machine (the rest of the suite) wait on the shared ~/.cache/torch_extensions for ever. It starts
+    # from a copy of the shared one's finished build, where there is one.
+    seed_ops "$WORK/torch_extensions"
     export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions
-    setup_s=240  # the CPU setup also builds DeepSpeed's CPU collective op: 35-110 s on 2 busy cores
+    setup_s=240  # the CPU setup builds DeepSpeed's CPU collective op when it copied none: 35-110 s on 2 busy cores
     export CUDA_VISIBLE_DEVICES=""
     unit=(tests/test_collectives.py tests/test_hf_parity.py
           -k "micro_batch_makes_no_host_sync and gpt or logits_match_transformers_after_import")
