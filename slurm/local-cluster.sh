@@ -37,9 +37,13 @@ SlurmdPort=17001
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-# Job credentials live 15 s (default 120): a requeued job waits this long before it may start
-# again, so the preemption test sees the requeued job rerun in seconds, not minutes.
-AuthInfo=cred_expire=15
+# Job credentials live 5 s (default 120; Slurm refuses less): a requeued job waits this long before
+# it may start again. A credential only has to reach a slurmd on this machine, which takes
+# milliseconds. And a backfill pass every second (default 30) starts the requeued job as soon as it
+# may: the main scheduler, run on events, leaves it to backfill. With 15 s and 30 the preemption
+# test's requeue waited 21-44 s; now about 6.
+AuthInfo=cred_expire=5
+SchedulerParameters=bf_interval=1
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
