@@ -41,7 +41,7 @@ AuthType=auth/munge
 # it may start again. A credential only has to reach a slurmd on this machine, which takes
 # milliseconds. And a backfill pass every second (default 30) starts the requeued job as soon as it
 # may: the main scheduler, run on events, leaves it to backfill. With 15 s and 30 the preemption
-# test's requeue waited 21-44 s; now about 6.
+# test's requeued job started 21-44 s after the requeue; now about 10 s.
 AuthInfo=cred_expire=5
 SchedulerParameters=bf_interval=1
 StateSaveLocation=$DIR/state
