@@ -290,8 +290,8 @@ def check_parallel_layout(cfg: Config, world_size: int) -> None:
     check_layout(
         topo,
         n_layer=mc.n_layer * spec.stacks,
-        n_head=getattr(mc, "n_head", 1),
-        ffn=getattr(mc, "d_ff", None) or 4 * mc.d_model,
+        n_head=mc.n_head,
+        ffn=mc.ffn_width if spec.tensor_parallel else 1,  # a family that does not tensor-split: TP=1 (refused above)
         vocab=mc.vocab_size,
         zero_stage=p.zero_stage,
         gpus_per_node=p.gpus_per_node,

@@ -86,6 +86,7 @@ class Objective:
     pairs: ClassVar[bool] = False
     counts: ClassVar[bool] = False
     Options: ClassVar[type] = NoOptions  # its keys under ``objective:`` (a frozen dataclass of ``option`` fields)
+    loader: ClassVar[str | None] = None  # "module:Class" of its own batch schedule (CVT's alternating loader)
 
     def options(self, own=None, model_cfg=None):
         """What the builder and ``sample`` read as ``opts``: the config's options of this objective

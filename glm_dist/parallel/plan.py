@@ -89,7 +89,7 @@ def model_shape(spec, model_cfg) -> ModelShape:
     heads = {id(p) for p in tensor_parameters(model, spec.tensor_plans)}
     tensor_units = tuple(sum(p.numel() for p in u.parameters() if id(p) in heads) for u in _units(model))
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    ffn = getattr(model_cfg, "d_ff", None) or 4 * model_cfg.d_model
+    ffn = model_cfg.ffn_width if spec.tensor_parallel else 1  # what TP must divide; max_tp=1 otherwise
     return ModelShape(
         params,
         units,

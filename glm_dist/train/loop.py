@@ -156,7 +156,7 @@ class Trainer:
             cfg.data,
             samples=cfg.train.max_steps * global_batch,
             seq_len=self.seq_len,
-            own_loader=bool(getattr(self.objective, "loader", None)),
+            own_loader=self.objective.loader is not None,
             where=source_of(cfg, "data.mixture"),
         )
         data = self.mixture or cfg.data.shards_dir  # what the loaders read: the mixture's sources or one shard set
@@ -183,7 +183,7 @@ class Trainer:
         shared = self.topo.tensor > 1 and loader_args["reads"]
         if shared and self.coords["tensor"] > 0:
             self.loader = Loader(data, **{**loader_args, "reads": False})
-        elif getattr(self.objective, "loader", None):  # an objective's own batch schedule (CVT: data/alternating.py)
+        elif self.objective.loader:  # an objective's own batch schedule (CVT: data/alternating.py)
             self.loader = resolve(self.objective.loader)(data, num_workers=cfg.data.num_workers, **loader_args)
         else:
             self.loader = (

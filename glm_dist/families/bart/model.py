@@ -30,6 +30,11 @@ class BartConfig:
     layer_norm_eps: float = 1e-5
     dropout: float = 0.0
 
+    @property
+    def ffn_width(self) -> int:
+        """The FFN's inner width (what tensor parallelism splits), as every transformer family names it."""
+        return self.d_ff
+
 
 class BartAttention(nn.Module):
     def __init__(self, cfg: BartConfig):

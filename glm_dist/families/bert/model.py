@@ -52,6 +52,11 @@ class EncoderConfig:
     def emb(self) -> int:
         return self.embedding_size or self.d_model
 
+    @property
+    def ffn_width(self) -> int:
+        """The FFN's inner width (what tensor parallelism splits), as every transformer family names it."""
+        return self.d_ff
+
 
 def _act(name: str):
     return (lambda x: F.gelu(x, approximate="tanh")) if name == "gelu_new" else F.gelu

@@ -37,6 +37,11 @@ class T5Config:
     dropout: float = 0.0
     pad_id: int = 0
 
+    @property
+    def ffn_width(self) -> int:
+        """The FFN's inner width (what tensor parallelism splits), as every transformer family names it."""
+        return self.d_ff
+
 
 class RMSNorm(nn.Module):
     """T5's layer norm: scale only, no mean subtraction, no bias."""
