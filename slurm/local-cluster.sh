@@ -37,13 +37,13 @@ SlurmdPort=17001
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-# Job credentials live 5 s (default 120; Slurm refuses less): a requeued job waits this long before
-# it may start again. A credential only has to reach a slurmd on this machine, which takes
-# milliseconds. And a backfill pass every second (default 30) starts the requeued job as soon as it
-# may: the main scheduler, run on events, leaves it to backfill. With 15 s and 30 the preemption
-# test's requeued job started 21-44 s after the requeue; now about 10 s.
+# Job credentials live 5 s (default 120; Slurm refuses less): a requeued job waits this long (+1 s)
+# before it may start again. A credential only has to reach a slurmd on this machine, which takes
+# milliseconds. The main scheduler runs every second (default 60) and backfill too (default 30): a
+# job that becomes eligible with no event to wake the scheduler started 6-38 s late otherwise. With
+# 15 s and the defaults the preemption test's requeued job started 21-44 s after the requeue; now 6 s.
 AuthInfo=cred_expire=5
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,sched_interval=1
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid

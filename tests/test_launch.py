@@ -31,15 +31,19 @@ def sbatch(args: list[str], cwd: Path) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def wait_for(job: str, log: Path, *, timeout: float = 400) -> dict[str, str]:
+def wait_for(job: str, log: Path, *, restarts: int = 0, timeout: float = 400) -> dict[str, str]:
     """Wait until the job ends. A requeued job waits out the credential lifetime (5 s on the
-    local cluster, ``AuthInfo=cred_expire``) and runs again by itself."""
+    local cluster, ``AuthInfo=cred_expire``) and runs again by itself; its requeue shows CANCELLED for
+    a moment before the job is PENDING again, so an end is confirmed 3 s later -- unless it is the
+    COMPLETED run after the ``restarts`` requeues the caller expects, which is final."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         info = job_info(job)
         state = info.get("JobState", "")
+        if state == "COMPLETED" and int(info.get("Restarts", 0)) >= restarts:
+            return info
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            time.sleep(3)  # a requeue shows CANCELLED for a moment before the job is PENDING again
+            time.sleep(3)
             again = job_info(job)
             if again.get("JobState") == state:
                 return again
@@ -103,7 +107,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_with_the_same_losses(two
         time.sleep(0.1)
     # What SLURM does at --signal time or on preemption: SIGUSR1 to every process of the job's steps.
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
-    info = wait_for(job, log)
+    info = wait_for(job, log, restarts=1)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-4000:]
     assert "preempted: checkpoint written, requeueing job" in text
