@@ -40,7 +40,7 @@ AuthType=auth/munge
 # Job credentials live 5 s (default 120; Slurm refuses less): a requeued job waits this long (+1 s)
 # before it may start again. A credential only has to reach a slurmd on this machine, which takes
 # milliseconds. The main scheduler runs every second (default 60) and backfill too (default 30): a
-# job that becomes eligible with no event to wake the scheduler started 6-38 s late otherwise. With
+# job that becomes eligible with no event to wake the scheduler started 5-28 s late otherwise. With
 # 15 s and the defaults the preemption test's requeued job started 21-44 s after the requeue; now 6 s.
 AuthInfo=cred_expire=5
 SchedulerParameters=bf_interval=1,sched_interval=1
