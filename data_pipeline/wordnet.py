@@ -196,6 +196,45 @@ def exceptions(pos: str, *, root: str | None = None) -> dict[str, tuple[str, ...
     return out
 
 
+# Morphy's detachment rules (WordNet's morph.c): (suffix, replacement) tried in this order.
+DETACH = {
+    "n": (
+        ("s", ""),
+        ("ses", "s"),
+        ("xes", "x"),
+        ("zes", "z"),
+        ("ches", "ch"),
+        ("shes", "sh"),
+        ("men", "man"),
+        ("ies", "y"),
+    ),
+    "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
+    "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
+    "r": (),
+}
+
+
+class Morphy:
+    """WordNet's morphology (morph.c): the base forms of a word for a part of speech -- the word itself,
+    its entries in the exception list, what the detachment rules leave (not of a noun ending in ``ss``
+    or of two letters or fewer) -- and how each was found."""
+
+    def __init__(self, root: str | None = None):
+        self.exceptions = {pos: exceptions(pos, root=root) for pos in FILES}
+
+    def base_forms(self, word: str, pos: str) -> dict[str, str]:
+        """Candidate lemma -> ``"exact"``, ``"exception"`` or ``"rule"`` (the first way that reached it)."""
+        pos = "a" if pos == "s" else pos
+        forms = {word: "exact"}
+        for base in self.exceptions[pos].get(word, ()):
+            forms.setdefault(base, "exception")
+        if not (pos == "n" and (word.endswith("ss") or len(word) <= 2)):
+            for suffix, ending in DETACH[pos]:
+                if word.endswith(suffix) and len(word) > len(suffix):
+                    forms.setdefault(word[: -len(suffix)] + ending, "rule")
+        return forms
+
+
 def lemmas(pos: str | Iterable[str] = "nvar", *, root: str | None = None) -> set[str]:
     """Every lemma (multi-word ones with spaces)."""
     return {lemma for s in synsets(pos, root=root) for lemma in s.lemmas}

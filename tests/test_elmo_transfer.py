@@ -13,7 +13,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from data_pipeline.tasks.wordnet_context import Morphy, items, split
+from data_pipeline.tasks.wordnet_context import items, split
+from data_pipeline.wordnet import Morphy
 from glm_dist.errors import GlmError
 from glm_dist.families.elmo.model import ELMo, elmo_config
 from glm_dist.transfer.elmo import ElmoEmbedder, encode, layer_features

@@ -8,7 +8,7 @@ supersense, one of 45 (``wordnet.LEXNAMES``: noun.animal, verb.motion, adj.pert,
 
 Sentences often hold an inflected form, not the lemma ("ran", "mice", "happier"). A word matches a
 lemma as WordNet's own morphology (Morphy) finds base forms: the word itself, its entries in the
-part of speech's exception list (``verb.exc``: ran -> run), or the detachment rules (``DETACH``:
+part of speech's exception list (``verb.exc``: ran -> run), or the detachment rules (``wordnet.DETACH``:
 ies -> y, ed -> e, ...; nouns ending in ``ss`` keep their s). Only one-word lemmas are located;
 every sentence is counted by how its lemma was found, or why it was not (``Counts``).
 
@@ -22,44 +22,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 from data_pipeline import wordnet
+from data_pipeline.wordnet import Morphy
 from data_pipeline.tokenize.word import split_words
-
-# Morphy's detachment rules (WordNet's morph.c): (suffix, replacement) tried in this order.
-DETACH = {
-    "n": (
-        ("s", ""),
-        ("ses", "s"),
-        ("xes", "x"),
-        ("zes", "z"),
-        ("ches", "ch"),
-        ("shes", "sh"),
-        ("men", "man"),
-        ("ies", "y"),
-    ),
-    "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
-    "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
-    "r": (),
-}
-POS = ("n", "v", "a", "r")
-
-
-class Morphy:
-    """Base forms of a word for a part of speech, and how each was found."""
-
-    def __init__(self, root: str | None = None):
-        self.exceptions = {pos: wordnet.exceptions(pos, root=root) for pos in POS}
-
-    def base_forms(self, word: str, pos: str) -> dict[str, str]:
-        """Candidate lemma -> ``"exact"``, ``"exception"`` or ``"rule"`` (the first way that reached it)."""
-        pos = "a" if pos == "s" else pos
-        forms = {word: "exact"}
-        for base in self.exceptions[pos].get(word, ()):
-            forms.setdefault(base, "exception")
-        if not (pos == "n" and (word.endswith("ss") or len(word) <= 2)):
-            for suffix, ending in DETACH[pos]:
-                if word.endswith(suffix) and len(word) > len(suffix):
-                    forms.setdefault(word[: -len(suffix)] + ending, "rule")
-        return forms
 
 
 @dataclass

@@ -4,7 +4,7 @@ synset, the occurrence of one of the synset's lemmas, tagged with the synset's p
 WordNet's glosses quote example sentences (``"he ran away from home"`` for *run away*, a verb). The
 words of an example (``\\w+ | [^\\w\\s]+``, as the ``word`` tokenizer profile splits) are matched
 against the synset's lemmas, each word of a lemma equal to the example's word or to one of its base
-forms (WordNet's morphology: the exception lists, then the detachment rules of ``morphy(7WN)``);
+forms (WordNet's morphology, ``wordnet.Morphy``: the exception lists, then the detachment rules);
 the first match is ``B-<POS>`` then ``I-<POS>`` (``NOUN VERB ADJ ADV``; satellites are ``ADJ``), the
 other words ``O``. Examples with no match are left out. Synsets are held out whole by a hash of
 their offset and part of speech: ``test`` 20%, ``labelled`` 80%.
@@ -20,39 +20,16 @@ from data_pipeline.tasks.pydoc_xref import MAX_WORDS, MIN_WORDS, WORD, TaggedSen
 
 POS = {"n": "NOUN", "v": "VERB", "a": "ADJ", "s": "ADJ", "r": "ADV"}
 TAGS = ("O", *(f"{bio}-{pos}" for pos in ("NOUN", "VERB", "ADJ", "ADV") for bio in "BI"))
-# morphy(7WN)'s detachment rules: (suffix, ending) per part of speech
-RULES = {
-    "n": (
-        ("s", ""),
-        ("ses", "s"),
-        ("xes", "x"),
-        ("zes", "z"),
-        ("ches", "ch"),
-        ("shes", "sh"),
-        ("men", "man"),
-        ("ies", "y"),
-    ),
-    "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
-    "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
-    "r": (),
-}
 
 
 @lru_cache(maxsize=8)
-def _exceptions(pos: str, root: str | None) -> dict[str, tuple[str, ...]]:
-    return wordnet.exceptions(pos, root=root)
+def _morphy(root: str | None) -> wordnet.Morphy:
+    return wordnet.Morphy(root)
 
 
 def base_forms(word: str, pos: str, *, root: str | None = None) -> set[str]:
     """The word itself, its irregular base forms and what the detachment rules leave of it."""
-    pos = "a" if pos == "s" else pos
-    forms = {word, *_exceptions(pos, root).get(word, ())}
-    forms.update(
-        word[: -len(suffix)] + ending
-        for suffix, ending in RULES[pos]
-        if word.endswith(suffix) and len(word) > len(suffix)
-    )
-    return forms
+    return set(_morphy(root).base_forms(word, pos))
 
 
 def tag_example(example: str, synset: wordnet.Synset, *, root: str | None = None) -> tuple[list[str], list[str]] | None:
