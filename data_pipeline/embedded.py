@@ -86,22 +86,30 @@ def split_paragraphs(text: str, max_chars: int) -> list[str]:
     return [p for p in pieces if p.strip()]
 
 
-def embedded_documents() -> Iterator[dict]:
-    """Yield ``{"id", "text"}`` documents of the embedded pydoc corpus, in a fixed order."""
-    # A clean environment: pages such as os.environ's (cgi's default arguments print it) must not carry
-    # this machine's variables nor the checkout's path, so every clone renders the same corpus. The
-    # package is found from the working directory (``-c`` puts it first on sys.path), not PYTHONPATH.
+def clean_render(function: str, *, timeout: float = 600) -> list[str]:
+    """The stdout lines of ``function`` (``"module:name"`` of this repository's packages) called in a
+    clean interpreter. Pages rendered from imported modules must not carry this machine's variables
+    (cgi's default arguments print os.environ), the checkout's path, or the side effects of whatever
+    the calling process imported before, so every clone renders the same bytes. The package is found
+    from the working directory (``-c`` puts it first on sys.path), not PYTHONPATH."""
+    module, name = function.split(":")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", "from data_pipeline.embedded import _render_all; _render_all()"],
+        [sys.executable, "-c", f"from {module} import {name}; {name}()"],
         capture_output=True,
         text=True,
         check=True,
         env=env,
         cwd=here,
+        timeout=timeout,
     )
-    for line in proc.stdout.splitlines():
+    return proc.stdout.splitlines()
+
+
+def embedded_documents() -> Iterator[dict]:
+    """Yield ``{"id", "text"}`` documents of the embedded pydoc corpus, in a fixed order."""
+    for line in clean_render("data_pipeline.embedded:_render_all"):
         page = json.loads(line)
         for k, piece in enumerate(split_paragraphs(page["text"], MAX_DOC_CHARS)):
             yield {"id": f"pydoc:{page['module']}#{k}", "text": piece}

@@ -18,6 +18,7 @@ writes the same bytes.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import html
 import importlib
@@ -27,6 +28,7 @@ import json
 import uuid
 import warnings
 
+from data_pipeline.embedded import clean_render
 from glm_common.storage import Storage
 
 N_FILES = 4
@@ -265,7 +267,6 @@ def pages() -> list[list[tuple[str, str, bytes, str]]]:
 
 def _print_files() -> None:
     """In a clean interpreter: the sample's files, one JSON line each (name, base64 bytes)."""
-    import base64
 
     files = {
         f"crawl-{i}.warc.gz": b"".join(response_records(u, c, b, s) for u, c, b, s in recs)
@@ -280,23 +281,7 @@ def _rendered() -> dict[str, bytes]:
     """The sample's files, built in a clean interpreter: the pages are made of the docstrings and
     attributes of imported stdlib modules, which whatever the calling process imported before can
     change (``glm data run`` and a bare ``run()`` wrote different pages), and of nothing else."""
-    import base64
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", "from data_pipeline.sample_crawl import _print_files; _print_files()"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        cwd=here,
-        timeout=300,
-    )
-    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    rows = [json.loads(line) for line in clean_render("data_pipeline.sample_crawl:_print_files", timeout=300)]
     return {r["name"]: base64.b64decode(r["data"]) for r in rows}
 
 
