@@ -32,7 +32,7 @@ import posixpath
 import shutil
 import stat
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -390,9 +390,13 @@ class AtomicFile:
             self.f.close()  # completes the upload: the object appears now, whole
 
     def abort(self) -> None:
+        """Drop the file; never raises for the write that failed (close() flushes the buffer again, and on
+        a full disk fails again: the temporary file is removed all the same)."""
         if self.local:
-            self.f.close()
-            os.unlink(self.tmp)
+            with suppress(OSError):
+                self.f.close()
+            with suppress(FileNotFoundError):
+                os.unlink(self.tmp)
         elif hasattr(self.f, "discard"):
             self.f.discard()  # fsspec's buffered files: drop the buffer, abort a multipart upload
             self.f.closed = True  # and never upload it when garbage-collected

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from data_pipeline.errors import PipelineError
+from glm_common.errors import disk_full
 from glm_dist import commands
 from glm_dist.checkpoint.files import force_weights_only
 from glm_dist.errors import GlmError
@@ -91,6 +92,15 @@ def _main(argv: list[str] | None) -> int:
         print(f"glm {command}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # a bug, not a user's mistake: a summary here, the traceback in a file
+        if disk_full(err):
+            print(
+                redact_text(
+                    f"glm {command}: error: the disk is full ({str(err).splitlines()[0]}); free space or write "
+                    f"the output elsewhere and rerun (glm writes its files whole or not at all)"
+                ),
+                file=sys.stderr,
+            )
+            return 2
         where = err.__traceback__
         while where is not None and where.tb_next is not None:
             where = where.tb_next

@@ -20,7 +20,7 @@ from data_pipeline.tokenize.profiles import special_ids
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.errors import GlmError
 from glm_dist.eval.run import load_checkpoint_model
-from glm_dist.families.registry import exported_module, family
+from glm_dist.families.registry import FAMILIES, exported_module, family
 from glm_dist.models.generate import Decoder, GenerationConfig, filter_logits, generate
 
 
@@ -32,11 +32,22 @@ class LoadedModel:
     start_id: int | None  # an encoder-decoder's first decoder token
 
 
+def generates(spec) -> bool:
+    """A family ``Decoder`` continues: a decoder-only LM or an encoder-decoder."""
+    return spec.next_token_logits or spec.decoder_start is not None
+
+
 def load_decoder(checkpoint: str) -> LoadedModel:
     """A checkpoint's model (eval mode, on the GPU when there is one), tokenizer and special ids."""
 
     model, meta = load_checkpoint_model(checkpoint)
     spec = family(meta["model_family"])
+    if not generates(spec):
+        able = ", ".join(n for n, s in FAMILIES.items() if generates(s))
+        raise GlmError(
+            f"checkpoint {checkpoint} is a {meta['model_family']} model, which does not generate text "
+            f"(decoder-only and encoder-decoder families do: {able})"
+        )
     tok = checkpoint_tokenizer(checkpoint)
     ids = special_ids(tok, meta["config"]["data"]["tokenizer_profile"])
     eos = ids.get("eot", ids.get("eos"))
@@ -88,6 +99,20 @@ class TextStream:
         return self.decode(self.ids)
 
 
+def prompt_ids(lm: LoadedModel, prompt: str) -> list[int]:
+    """The prompt's token ids; an empty prompt is the end-of-text token (GPT-2's unconditional samples).
+    A decoder-only model's prompt must leave room for a token in its context."""
+    seq2seq = lm.start_id is not None
+    ids = lm.tokenizer.encode(prompt, add_special_tokens=seq2seq).ids or [lm.eos_id]
+    context = lm.model.cfg.context_length
+    if len(ids) > context - (0 if seq2seq else 1):
+        raise GlmError(
+            f"--prompt is {len(ids)} tokens; this model reads at most {context - (0 if seq2seq else 1)} "
+            f"(context length {context}{'' if seq2seq else ', one kept for the next token'}): shorten it"
+        )
+    return ids
+
+
 def generate_to(
     out: TextIO,
     checkpoint: str,
@@ -103,7 +128,7 @@ def generate_to(
     with contextlib.redirect_stdout(sys.stderr):  # libraries' start-up messages (DeepSpeed's) stay off ``out``
         lm = load_decoder(checkpoint)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, eos_id=lm.eos_id, seed=seed, **options)
-    ids = lm.tokenizer.encode(prompt, add_special_tokens=lm.start_id is not None).ids
+    ids = prompt_ids(lm, prompt)
     decode = lambda toks: lm.tokenizer.decode([t for t in toks if t != lm.eos_id])  # noqa: E731
     if strategy == "beam":
         device = next(lm.model.parameters()).device
@@ -115,5 +140,5 @@ def generate_to(
     for token in stream_tokens(lm.model, ids, cfg, start_id=lm.start_id):
         out.write(stream.push(token))
         out.flush()
-    out.write("\n")
+    out.write(stream.text[stream.shown :] + "\n")  # what was held back: the output ended inside a character
     return stream.text

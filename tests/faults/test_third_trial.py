@@ -1,0 +1,118 @@
+"""The third fault trial of glm's command line (docs/reliability.md): what broke, fixed, and kept fixed.
+
+Checkpoints are the compat fixtures (tests/fixtures/compat: a one-layer model of each family, 2 steps),
+so no test trains; a full disk is a real tmpfs (root only, as CI runs)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data_pipeline.writers.shards import ShardSetWriter
+from glm_common.errors import disk_full
+from glm_dist.commands.generate import add_arguments, check_options
+from glm_dist.errors import GlmError
+from glm_dist.eval.stream import generate_to
+from glm_dist.hf.export import export_checkpoint
+from tests.conftest import ROOT, clean_env
+
+COMPAT = ROOT / "tests/fixtures/compat"
+GPT = str(COMPAT / "gpt/step_00000002")
+BERT = str(COMPAT / "bert/step_00000002")
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 12 KiB tmpfs: room for a config file, not for a model's weights or a shard."""
+    path = tmp_path / "full"
+    path.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(path)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("needs root to mount a tmpfs (CI runs as root)")
+    yield path
+    subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def test_export_hf_onto_a_file_is_refused_and_the_file_kept(tmp_path):
+    # was: exit 0 and the path printed, transformers' warning, nothing written
+    target = tmp_path / "model"
+    target.write_text("mine")
+    with pytest.raises(GlmError, match="is a file; give a folder"):
+        export_checkpoint(GPT, target)
+    assert target.read_text() == "mine"
+
+
+def test_export_hf_on_a_full_disk_is_one_line_and_leaves_no_half_folder(full_disk):
+    # was: an internal error (SafetensorError) and config.json left without weights
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", "export-hf", "--checkpoint", GPT, "--out", str(full_disk / "hf")],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("glm ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("glm export-hf: error: the disk is full (")
+    assert list(full_disk.iterdir()) == []
+
+
+def test_a_shard_writer_aborted_on_a_full_disk_leaves_no_temporary_file(full_disk):
+    # was: abort() re-raised ENOSPC from close() before unlinking NAME.tmp.PID (a rerun then found the
+    # disk still full), and the other split's writer was never aborted ("Exception ignored" traceback)
+    writer = ShardSetWriter(str(full_disk), "train", max_bytes=1 << 20)
+    tokens = np.arange(4096, dtype=np.uint16)
+    with pytest.raises(OSError) as err:
+        for i in range(16):
+            writer.write(f"doc{i}", tokens, {"id": i, "n_bytes": 8192})
+        writer.close()
+    assert disk_full(err.value) and err.value.errno == errno.ENOSPC
+    writer.abort()  # does not raise
+    assert list(full_disk.iterdir()) == []
+
+
+def _options(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--checkpoint", GPT, "--prompt", "x", *argv])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--max-new-tokens", "-3"),  # was: exit 0, nothing written
+        ("--temperature", "0"),  # was: internal error, probability tensor contains inf
+        ("--top-p", "0"),  # was: the same
+        ("--top-k", "-5"),  # was: internal error, selected index k out of range
+        ("--num-beams", "0"),  # was: internal error in index_select
+    ],
+)
+def test_generation_options_out_of_range_are_one_line_naming_the_option(argv):
+    with pytest.raises(GlmError, match=f"^{argv[0]} .* must be "):
+        check_options(_options(*argv))
+
+
+def test_generate_refuses_a_family_that_does_not_generate_and_a_prompt_longer_than_the_context():
+    with pytest.raises(GlmError, match="is a bert model, which does not generate text .*gpt, gpt1, t5, bart"):
+        generate_to(io.StringIO(), BERT, "def f")  # was: internal TypeError in embedding()
+    with pytest.raises(GlmError, match="--prompt is .* tokens; this model reads at most 15 .*shorten it"):
+        generate_to(io.StringIO(), GPT, "x " * 64)  # was: internal ValueError from the model's forward
+
+
+def test_an_empty_prompt_samples_unconditionally_from_end_of_text():
+    # was: internal error (an empty float tensor of ids); GPT-2's unconditional samples start from <|endoftext|>
+    out = io.StringIO()
+    text = generate_to(out, GPT, "", max_new_tokens=4)
+    assert out.getvalue() == text + "\n" and text
