@@ -39,6 +39,7 @@ from data_pipeline.readers import read
 from data_pipeline.recipe import ReaderCfg
 from data_pipeline.remote import RemoteReadError, check_host, check_scheme, open_url, storage_options
 from data_pipeline.sources import named_documents, named_source
+from data_pipeline.tokenize.tokenizer_file import parse_tokenizer
 from data_pipeline.tokenize.profiles import PROFILES, special_ids, train_tokenizer
 from data_pipeline.tokenize.sentences import sentence_char_starts, sentence_token_starts
 from data_pipeline.writers.shards import INDEX_FORMAT, ShardSetWriter, write_bytes, write_manifest
@@ -230,7 +231,9 @@ def ensure_tokenizer(spec: ShardSpec, files: list[str]) -> Tokenizer:
     fs, root = fsspec.core.url_to_fs(spec.out_dir)
     path = f"{root}/tokenizer.json"
     if fs.exists(path):
-        return Tokenizer.from_str(fs.read_text(path))
+        with fs.open(path, "rb") as f:
+            data = f.read(MAX_TOKENIZER_BYTES)
+        return parse_tokenizer(data, where=path, fix=f"delete it (or {spec.out_dir}) to train or load it again")
     if spec.tokenizer == "train":
         tok = train_tokenizer(spec.profile, _training_texts(spec, files), vocab_size=spec.vocab_size)
     else:
@@ -248,7 +251,11 @@ def _load_tokenizer(url: str) -> Tokenizer:
             f"data.tokenizer={url!r} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB, so not a "
             f"tokenizer.json; point data.tokenizer at one, or set data.tokenizer=train"
         )
-    return Tokenizer.from_str(data.decode("utf-8"))
+    return parse_tokenizer(
+        data,
+        where=f"data.tokenizer={url!r}",
+        fix="point data.tokenizer at a tokenizer.json, or set data.tokenizer=train",
+    )
 
 
 def _training_texts(spec: ShardSpec, files: list[str]) -> Iterator[str]:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from data_pipeline.tokenize.tokenizer_file import parse_tokenizer
 from data_pipeline.tokenize.vocab_tables import word_start_table
 from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
 from glm_dist.config.schema import ObjectiveConfig
@@ -59,8 +60,11 @@ log = logging.getLogger(__name__)
 
 def read_tokenizer(shards_dir: str, manifest: dict) -> Tokenizer:
     """The shard set's tokenizer (a local path or any allowed URL)."""
-    with open_shard_file(f"{shards_dir}/{manifest['tokenizer']['file']}") as f:
-        return Tokenizer.from_str(f.read(MAX_TOKENIZER_BYTES).decode("utf-8"))
+    path = f"{shards_dir}/{manifest['tokenizer']['file']}"
+    with open_shard_file(path) as f:
+        return parse_tokenizer(
+            f.read(MAX_TOKENIZER_BYTES), where=path, fix="rebuild the shard set with glm data tokenize"
+        )
 
 
 def vocab_from_manifest(shards_dir: str, manifest: dict, *, whole_word: bool = False) -> Vocab:

@@ -33,8 +33,8 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
 
+from data_pipeline.tokenize.tokenizer_file import parse_tokenizer
 from glm_common.config_yaml import ConfigError
 from glm_dist.checkpoint.files import MAX_TOKENIZER_BYTES
 from glm_dist.config.mixture import MixtureSource, check_weight_sum, mixture_sources
@@ -208,8 +208,10 @@ def canonical_tokenizer(shards_dir: str, manifest: dict) -> str:
     """A shard set's tokenizer.json as the tokenizers library writes it once loaded: a freshly trained
     Unigram's scores print otherwise than the same scores read back, so the first source's file and
     the copy its tokenizer.json made for another source differ in bytes (and sha256) only."""
-    with open_shard_file(f"{shards_dir}/{manifest['tokenizer']['file']}") as f:
-        return Tokenizer.from_str(f.read(MAX_TOKENIZER_BYTES).decode("utf-8")).to_str()
+    path = f"{shards_dir}/{manifest['tokenizer']['file']}"
+    with open_shard_file(path) as f:
+        data = f.read(MAX_TOKENIZER_BYTES)
+    return parse_tokenizer(data, where=path, fix="rebuild that source's shard set with glm data tokenize").to_str()
 
 
 def check_tokenizers(sources: list[MixtureSource], manifests: list[dict]) -> None:

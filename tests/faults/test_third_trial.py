@@ -116,3 +116,16 @@ def test_an_empty_prompt_samples_unconditionally_from_end_of_text():
     out = io.StringIO()
     text = generate_to(out, GPT, "", max_new_tokens=4)
     assert out.getvalue() == text + "\n" and text
+
+
+def test_a_tokenizer_json_that_is_not_one_is_one_line_naming_the_file_and_the_fix(tmp_path):
+    # was: an internal error (tokenizers' bare Exception "expected ident at line 1 column 2")
+    from data_pipeline.tokenize.prepare import _load_tokenizer
+    from glm_dist.data.loader import read_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text("not json at all")
+    with pytest.raises(GlmError, match=r"tokenizer.json is not a tokenizer.json \(.*\); rebuild the shard set"):
+        read_tokenizer(str(tmp_path), {"tokenizer": {"file": "tokenizer.json"}})
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(GlmError, match=r"data.tokenizer='.*binary.json' is not a tokenizer.json \('utf-8' codec"):
+        _load_tokenizer(str(tmp_path / "binary.json"))
