@@ -109,6 +109,7 @@ def main(argv: list[str]) -> int:
     if "OMP_NUM_THREADS" not in os.environ:  # share the CPU cores between local processes
         os.environ["OMP_NUM_THREADS"] = str(max(1, available_cpus() // nproc))
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
@@ -124,6 +125,15 @@ def main(argv: list[str]) -> int:
             return Preempted.exit_code
         print(f"glm launch: worker(s) failed with exit code(s) {sorted(codes)}", file=sys.stderr)
         return 1
+    except SignalException as err:
+        # Ctrl-C or a kill: torchrun has passed the signal to the workers and waited for them (a train run
+        # stops at its step and saves); the launcher reports it like any stopped command, not as a bug.
+        name = signal.Signals(err.sigval).name
+        print(
+            f"glm launch: stopped by {name}; the workers got it too (their last lines say where they were)",
+            file=sys.stderr,
+        )
+        return 128 + int(err.sigval)
     except RendezvousError as err:
         # After a preemption another node's agent may close the rendezvous store before this one
         # has shut down; the workers have checkpointed and exited by then.

@@ -9,6 +9,7 @@ import argparse
 import errno
 import io
 import os
+import signal
 import subprocess
 import sys
 
@@ -129,3 +130,31 @@ def test_a_tokenizer_json_that_is_not_one_is_one_line_naming_the_file_and_the_fi
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(GlmError, match=r"data.tokenizer='.*binary.json' is not a tokenizer.json \('utf-8' codec"):
         _load_tokenizer(str(tmp_path / "binary.json"))
+
+
+def test_ctrl_c_on_glm_launch_stops_the_workers_and_is_one_line_not_an_internal_error(tmp_path):
+    # was: "glm launch: internal error: SignalException: Process N got signal: 2" (exit 1, a crash file)
+    from tests.conftest import FAST, TINY
+
+    argv = ["launch", "--nproc-per-node", "1", "train", "-c", TINY, *FAST, f"train.out_dir={tmp_path}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "glm_dist.cli", *argv, "train.max_steps=100000"],
+        cwd=ROOT,
+        env=clean_env() | {"GLM_CRASH_DIR": str(tmp_path / "crashes")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stderr:  # the worker is training
+            if "validation loss" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and "internal error" not in err, err[-2000:]
+    assert "glm train: interrupted" in err and err.strip().endswith(
+        "glm launch: stopped by SIGINT; the workers got it too (their last lines say where they were)"
+    )
+    assert not (tmp_path / "crashes").exists() and not (tmp_path / ".glm.lock").exists()
