@@ -24,7 +24,9 @@ from glm_dist.observability.redact import redact_process_output, redact_text
 from glm_dist.parallel.distributed import shutdown_distributed
 from glm_dist.train.errors import Preempted, TrainingDiverged
 
-USER_ERRORS = (GlmError, PipelineError, FileNotFoundError)  # their message is for the user: one line, exit code 2
+# their message is for the user: one line, exit code 2 (a path given that is missing, or a folder where a file
+# belongs, or the reverse: the OSError names it)
+USER_ERRORS = (GlmError, PipelineError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -85,12 +85,23 @@ def _source(i: int, item: Any, mixing: str, where: str) -> MixtureSource:
             f"weight from the sources' sizes: remove it, or set data.mixing=weights ({where})"
         )
     for share in shares:
-        value = item[share]
+        value = _number(item[share])
         if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{key}.{share} = {value!r} ({item['name']!r}) must be a number > 0 ({where})")
     return MixtureSource(
-        **{k: (float(v) if k in ("weight", "epochs") and v is not None else v) for k, v in item.items()}
+        **{k: (float(_number(v)) if k in ("weight", "epochs") and v is not None else v) for k, v in item.items()}
     )
+
+
+def _number(value: Any) -> Any:
+    """YAML 1.1 reads ``5e-1`` (no dot) as a string; a share reads it as the number it is, as every float key
+    of the config does (glm_common/config_yaml.py)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def check_weight_sum(weights: list[float], *, normalize: bool, where: str = "") -> list[float]:

@@ -158,3 +158,37 @@ def test_ctrl_c_on_glm_launch_stops_the_workers_and_is_one_line_not_an_internal_
         "glm launch: stopped by SIGINT; the workers got it too (their last lines say where they were)"
     )
     assert not (tmp_path / "crashes").exists() and not (tmp_path / ".glm.lock").exists()
+
+
+def test_a_mixture_weight_written_5e_1_is_the_number_it_is(tmp_path):
+    # was: "data.mixture[0].weight = '5e-1' must be a number > 0" (YAML 1.1 reads it as a string;
+    # train.lr: 3e-3 was accepted)
+    from glm_dist.config.loader import load_config
+    from glm_dist.config.mixture import mixture_sources
+
+    config = tmp_path / "mix.yaml"
+    config.write_text(
+        "data:\n  mixture:\n"
+        "    - {name: a, shards_dir: a, weight: 5e-1}\n"
+        "    - {name: b, shards_dir: b, weight: 2.5e-1}\n"
+        "    - {name: c, shards_dir: c, weight: 25e-2}\n"
+    )
+    assert [s.weight for s in mixture_sources(load_config(str(config)).data)] == [0.5, 0.25, 0.25]
+    config.write_text(config.read_text().replace("25e-2", "nan"))
+    with pytest.raises(GlmError, match=r"data.mixture\[2\].weight = nan \('c'\) must be a number > 0"):
+        load_config(str(config))
+
+
+def test_a_folder_given_where_a_file_belongs_is_one_line_with_exit_code_2(tmp_path):
+    # was: glm finetune --train DIR ended in an internal IsADirectoryError
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", "finetune", "--checkpoint", GPT, "--train", str(tmp_path)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0] == f"glm finetune: error: [Errno 21] Is a directory: '{tmp_path}'"
