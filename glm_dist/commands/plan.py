@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from glm_dist.commands.shared import config_args
 from glm_dist.config.checks import model_config, seq_len
 from glm_dist.config.loader import load_config
+from glm_dist.errors import GlmError
 from glm_dist.families.registry import family
 from glm_dist.parallel.plan import format_plan, model_shape, plan, recommend
 
@@ -24,7 +26,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="all layouts as JSON")
 
 
+def check_cluster(args: argparse.Namespace) -> None:
+    """A cluster that exists: a plan for 0 or -8 GPUs, or GPUs of 0 GB, was printed as an empty table."""
+    for name, value in (("gpus", args.gpus), ("gpus-per-node", args.gpus_per_node)):
+        if value < 1:
+            raise GlmError(f"--{name} {value} must be >= 1")
+    if not (math.isfinite(args.gpu_mem) and args.gpu_mem > 0):
+        raise GlmError(f"--gpu-mem {args.gpu_mem} must be a number of GB > 0")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_cluster(args)
     cfg = load_config(args.config, args.overrides)
     shape = model_shape(family(cfg.model.family), model_config(cfg))
     t, par = cfg.train, cfg.parallel

@@ -192,3 +192,27 @@ def test_a_folder_given_where_a_file_belongs_is_one_line_with_exit_code_2(tmp_pa
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0] == f"glm finetune: error: [Errno 21] Is a directory: '{tmp_path}'"
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        # was: exit 0 and an empty table headed "0 GPUs x 80 GB" / "8 GPUs x 0 GB"
+        (["plan", "--gpus", "0"], "glm plan: error: --gpus 0 must be >= 1"),
+        (["plan", "--gpus", "8", "--gpu-mem", "0"], "glm plan: error: --gpu-mem 0.0 must be a number of GB > 0"),
+        # was: exit 0, all held-out documents but the last 3 scored (a Python slice)
+        (["eval", "--checkpoint", GPT, "--documents", "-3"], "glm eval: error: --documents -3 must be >= 0 (0: none)"),
+    ],
+)
+def test_counts_no_cluster_or_evaluation_can_have_are_refused_in_one_line(argv, line):
+    from tests.conftest import TINY
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "glm_dist.cli", argv[0], "-c", TINY, *argv[1:]],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip() == line, proc.stderr[-2000:]
