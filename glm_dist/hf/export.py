@@ -51,9 +51,21 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
+def _shareable(folder: Path) -> None:
+    """Give every file the mode a new file gets under the umask (0644 under the usual 022): safetensors
+    writes its weights 0600, which would leave a model folder on shared storage whose config the other
+    users can read and whose weights they cannot."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
+
+
 def _publish(new: Path, out: Path) -> None:
     """Move the finished export to ``out``: one rename for a new folder, else file by file (renames on one
     filesystem, which cannot run out of space), replacing what an earlier export wrote there."""
+    _shareable(new)
     if not out.exists():
         os.rename(new, out)
         return

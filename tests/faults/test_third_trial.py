@@ -54,6 +54,17 @@ def test_export_hf_onto_a_file_is_refused_and_the_file_kept(tmp_path):
     assert target.read_text() == "mine"
 
 
+def test_an_exported_folder_is_readable_by_whoever_can_read_a_new_file(tmp_path):
+    # was: model.safetensors 0600 (as safetensors writes it), config and tokenizer 0644
+    umask = os.umask(0o022)
+    try:
+        out = export_checkpoint(GPT, tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
 def test_export_hf_on_a_full_disk_is_one_line_and_leaves_no_half_folder(full_disk):
     # was: an internal error (SafetensorError) and config.json left without weights
     proc = subprocess.run(
