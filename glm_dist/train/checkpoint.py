@@ -73,6 +73,9 @@ from glm_dist.parallel.distributed import DistInfo
 log = logging.getLogger(__name__)
 ASIDE = "aside"
 STEP = re.compile(r"^step_\d{8}$")
+STEP_IN = re.compile(r"step_\d{8}")  # in a staging folder's name, .tmp-step_N.<run>
+SETTLE_S = 60.0  # Ctrl-C: how long the save in flight may take to finish before it is abandoned
+ABANDON_S = 5.0
 DS_TAG = "state"  # DeepSpeed's own files, under <checkpoint>/state (train.deepspeed_checkpoint)
 ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 # model config fields a resumed run may change: regularisation and decoding, not the architecture
@@ -93,6 +96,7 @@ class CheckpointManager:
         self.last_save: dict = {}  # timings and bytes of the last save (bench/checkpoint_scaling.py)
         self.head: str | None = None  # id of this lineage's newest save: the parent of the next one
         self._run = ""  # names this run's unfinished saves (.tmp-step_N.<run>), agreed at the first save
+        self._starting: Storage | None = None  # a save's staging folder until its background writer has it
 
     # -- the lineage ---------------------------------------------------------------------------
     def complete(self) -> list[Storage]:
@@ -277,6 +281,7 @@ class CheckpointManager:
         self.wait()
         name = f"step_{step:08d}"
         staging = self._staging(name)
+        self._starting = staging
         t0 = time.perf_counter()
         self._agreed(lambda: self._start(staging), f"starting checkpoint {name}", staging)
         files = extra or RankFiles(self.dist.rank)
@@ -316,6 +321,7 @@ class CheckpointManager:
             root=self.storage,
             commit=commit,
         )
+        self._starting = None
         self.last_save = {"step": step, "blocking_s": time.perf_counter() - t0, "bytes": files.nbytes()}
         if wait:
             self.wait()
@@ -446,6 +452,33 @@ class CheckpointManager:
         self.last_save.update(wait_s=time.perf_counter() - t0, **{f"{k}_s": v for k, v in pending.seconds.items()})
         if error is not None:
             self._fail(error, pending.staging)
+
+    def settle(self, timeout_s: float = SETTLE_S) -> str | None:
+        """After Ctrl-C (every rank is stopping, so no collective): give the save in flight ``timeout_s``
+        to finish -- this rank's writes, and on rank 0 the commit, which waits for every rank's -- or
+        abandon it: rank 0 removes its staging folder, so no unfinished save of this run stays behind.
+        A second Ctrl-C abandons at once. What became of the save, for the log (None: there was none)."""
+        pending, staging, self.pending, self._starting = self.pending, self._starting, None, None
+        if pending is None and staging is None:
+            return None
+        name = STEP_IN.search((pending.staging if pending is not None else staging).name).group(0)
+        if pending is not None:
+            try:
+                pending.thread.join(timeout_s)
+            except KeyboardInterrupt:
+                pass
+            if not pending.thread.is_alive() and pending.error is None and pending.commit_error is None:
+                return f"checkpoint: {self.storage.child(name)} finished before stopping"
+            pending.abort.set()  # rank 0's commit stops waiting; a file being written is finished, briefly
+            pending.thread.join(ABANDON_S)
+            staging = pending.staging
+        if self.dist.is_main:
+            staging.remove()
+        done = self.candidates()
+        return (
+            f"checkpoint: the save of {name} was abandoned (interrupted); the newest complete checkpoint is "
+            f"{done[0] if done else 'none'}"
+        )
 
     def _agreed(self, part, what: str, staging: Storage) -> None:
         """Run ``part`` on every rank; if it fails anywhere, every rank raises the first failure

@@ -49,7 +49,7 @@ from glm_dist.parallel.memory import rank_model_states
 from glm_dist.parallel.pipeline import NonFiniteGuard, pipeline_validate
 from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, model_vocab_split, shard_model
 from glm_dist.parallel.topology import Topology
-from glm_dist.train.checkpoint import CheckpointManager
+from glm_dist.train.checkpoint import SETTLE_S, CheckpointManager
 from glm_dist.train.streams import StreamMemory
 from glm_dist.train.errors import CollectiveTimeout, Preempted, TrainingDiverged
 from glm_dist.train.preemption import StopRequest
@@ -351,6 +351,9 @@ class Trainer:
             if comm.is_timeout(err):
                 raise self._timed_out(err) from None
             raise
+        except KeyboardInterrupt:  # Ctrl-C: the save in flight finishes or is removed, never left half-written
+            self._settle_on_interrupt()
+            raise
         self._write_memory()
         summary = {
             **{f"val_{k}_before": before[k] for k in ("loss", "perplexity") if k in before},
@@ -377,6 +380,16 @@ class Trainer:
             self.log.message(f"loss curve: {png}")
         self.log.close(summary)
         return summary
+
+    def _settle_on_interrupt(self) -> None:
+        if self.ckpts.pending is not None:
+            self.log.message(
+                f"interrupted: waiting up to {SETTLE_S:g} s for the checkpoint in flight (Ctrl-C again: abandon it)"
+            )
+        outcome = self.ckpts.settle()
+        if outcome is not None:
+            self.log.message(outcome)
+        self.log.close()
 
     def _timed_out(self, err: RuntimeError) -> CollectiveTimeout:
         """A collective some rank never joined: name the missing ranks (rank 0 asks them all)."""

@@ -9,6 +9,7 @@ import argparse
 import errno
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,12 +145,14 @@ def test_a_tokenizer_json_that_is_not_one_is_one_line_naming_the_file_and_the_fi
 
 
 def test_ctrl_c_on_glm_launch_stops_the_workers_and_is_one_line_not_an_internal_error(tmp_path):
-    # was: "glm launch: internal error: SignalException: Process N got signal: 2" (exit 1, a crash file)
+    """And the save in flight (one every step) finishes or is removed: no half-written save stays.
+    was: "glm launch: internal error: SignalException: Process N got signal: 2" (exit 1, a crash file);
+    the interrupted save's .tmp-step_N.<run> folder left behind after its "writing in the background" line."""
     from tests.conftest import FAST, TINY
 
     argv = ["launch", "--nproc-per-node", "1", "train", "-c", TINY, *FAST, f"train.out_dir={tmp_path}"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "glm_dist.cli", *argv, "train.max_steps=100000"],
+        [sys.executable, "-m", "glm_dist.cli", *argv, "train.max_steps=100000", "train.save_interval=1"],
         cwd=ROOT,
         env=clean_env() | {"GLM_CRASH_DIR": str(tmp_path / "crashes")},
         stdout=subprocess.DEVNULL,
@@ -157,8 +160,8 @@ def test_ctrl_c_on_glm_launch_stops_the_workers_and_is_one_line_not_an_internal_
         text=True,
     )
     try:
-        for line in proc.stderr:  # the worker is training
-            if "validation loss" in line:
+        for line in proc.stderr:  # the worker is training and saving
+            if "writing in the background" in line:
                 break
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -169,6 +172,10 @@ def test_ctrl_c_on_glm_launch_stops_the_workers_and_is_one_line_not_an_internal_
         "glm launch: stopped by SIGINT; the workers got it too (their last lines say where they were)"
     )
     assert not (tmp_path / "crashes").exists() and not (tmp_path / ".glm.lock").exists()
+    saves = tmp_path / "checkpoints"
+    assert not list(saves.glob(".tmp-*")), sorted(p.name for p in saves.iterdir())
+    assert re.search(r"checkpoint: \S+/step_\d{8} finished before stopping|the save of step_\d{8} was abandoned", err)
+    assert all((step / "meta.json").exists() for step in saves.glob("step_*"))
 
 
 def test_a_mixture_weight_written_5e_1_is_the_number_it_is(tmp_path):
