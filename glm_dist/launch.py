@@ -21,6 +21,7 @@ from pathlib import Path
 
 from data_pipeline.executors.cpus import available_cpus
 from glm_dist.train.errors import Preempted
+from glm_dist.train.preemption import SETTLE_S
 
 
 def default_nproc() -> int:
@@ -114,7 +115,18 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
+    # SIGUSR1 and SIGTERM are stop requests (train.stop_signals): passed on to the workers, which finish
+    # the step, checkpoint and exit 75 -- what the launcher then returns. torchrun would instead answer a
+    # SIGTERM by terminating its workers (SIGKILL 30 s later) and exit 143, which requeues nothing.
+    # (torchrun's --signals-to-handle, read from PET_*; older torch reads TORCHELASTIC_SIGNALS_TO_HANDLE)
+    for name in ("PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE"):
+        os.environ.setdefault(name, "SIGINT,SIGHUP,SIGQUIT")
+    # Ctrl-C: torchrun passes SIGINT on, then waits this long before a SIGKILL; a worker gives the save
+    # in flight up to SETTLE_S to finish (train/checkpoint.py).
+    for name in ("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
+        os.environ.setdefault(name, str(int(SETTLE_S) + 30))
     signal.signal(signal.SIGUSR1, _forward_to_workers)
+    signal.signal(signal.SIGTERM, _forward_to_workers)
     try:
         run(parse_args(torchrun_argv(args, args.command)))
     except ChildFailedError as err:

@@ -67,6 +67,7 @@ from glm_dist.checkpoint.files import (
 )
 from glm_dist.checkpoint.shards import Shard, ShardIndex, data_file, index_file
 from glm_dist.checkpoint.writer import DONE, AsyncSave, RankFiles, failure, hash_file
+from glm_dist.train.preemption import SETTLE_S
 from glm_dist.parallel import comm, fragments
 from glm_dist.parallel.distributed import DistInfo
 
@@ -74,8 +75,8 @@ log = logging.getLogger(__name__)
 ASIDE = "aside"
 STEP = re.compile(r"^step_\d{8}$")
 STEP_IN = re.compile(r"step_\d{8}")  # in a staging folder's name, .tmp-step_N.<run>
-SETTLE_S = 60.0  # Ctrl-C: how long the save in flight may take to finish before it is abandoned
-ABANDON_S = 5.0
+ABANDON_S = 5.0  # an abandoned save's file being written: how long it may take to finish
+DUPLICATE_S = 2.0  # a second SIGINT this soon is the same Ctrl-C (the terminal's and a launcher's)
 DS_TAG = "state"  # DeepSpeed's own files, under <checkpoint>/state (train.deepspeed_checkpoint)
 ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 # model config fields a resumed run may change: regularisation and decoding, not the architecture
@@ -463,10 +464,13 @@ class CheckpointManager:
             return None
         name = STEP_IN.search((pending.staging if pending is not None else staging).name).group(0)
         if pending is not None:
-            try:
-                pending.thread.join(timeout_s)
-            except KeyboardInterrupt:
-                pass
+            start = time.monotonic()
+            while pending.thread.is_alive() and time.monotonic() - start < timeout_s:
+                try:
+                    pending.thread.join(timeout_s - (time.monotonic() - start))
+                except KeyboardInterrupt:  # Ctrl-C again: abandon -- unless it is the first one delivered twice
+                    if time.monotonic() - start >= DUPLICATE_S:
+                        break
             if not pending.thread.is_alive() and pending.error is None and pending.commit_error is None:
                 return f"checkpoint: {self.storage.child(name)} finished before stopping"
             pending.abort.set()  # rank 0's commit stops waiting; a file being written is finished, briefly

@@ -49,10 +49,10 @@ from glm_dist.parallel.memory import rank_model_states
 from glm_dist.parallel.pipeline import NonFiniteGuard, pipeline_validate
 from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, model_vocab_split, shard_model
 from glm_dist.parallel.topology import Topology
-from glm_dist.train.checkpoint import SETTLE_S, CheckpointManager
+from glm_dist.train.checkpoint import CheckpointManager
 from glm_dist.train.streams import StreamMemory
 from glm_dist.train.errors import CollectiveTimeout, Preempted, TrainingDiverged
-from glm_dist.train.preemption import StopRequest
+from glm_dist.train.preemption import SETTLE_S, StopRequest
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.layer_groups import discriminative_param_groups, layer_groups
 from glm_dist.train.pretrained import load_pretrained

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 
+SETTLE_S = 60.0  # Ctrl-C: how long the save in flight may take to finish before it is abandoned
+
 
 class StopRequest:
     def __init__(self, signal_names: list[str]):

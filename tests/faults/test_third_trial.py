@@ -178,6 +178,33 @@ def test_ctrl_c_on_glm_launch_stops_the_workers_and_is_one_line_not_an_internal_
     assert all((step / "meta.json").exists() for step in saves.glob("step_*"))
 
 
+def test_sigterm_to_glm_launch_is_a_stop_request_checkpointed_and_requeueable(tmp_path):
+    # was: torchrun's own SIGTERM handling -- the workers terminated (SIGKILL after 30 s, mid-save if the
+    # save is slow), "glm launch: stopped by SIGTERM" and exit 143, which slurm/train.sbatch does not requeue
+    from tests.conftest import FAST, TINY
+
+    argv = ["launch", "--nproc-per-node", "1", "train", "-c", TINY, *FAST, f"train.out_dir={tmp_path}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "glm_dist.cli", *argv, "train.max_steps=100000"],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stderr:  # the worker is training
+            if "validation loss" in line:
+                break
+        proc.send_signal(signal.SIGTERM)  # to the launcher only, as a scheduler's kill of the job step does
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err[-2000:]
+    stopped = int(re.search(r"stop signal \(SIGTERM\) at step (\d+)", err).group(1))
+    assert (tmp_path / f"checkpoints/step_{stopped:08d}/meta.json").exists()
+
+
 def test_a_mixture_weight_written_5e_1_is_the_number_it_is(tmp_path):
     # was: "data.mixture[0].weight = '5e-1' must be a number > 0" (YAML 1.1 reads it as a string;
     # train.lr: 3e-3 was accepted)
