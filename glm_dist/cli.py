@@ -81,7 +81,8 @@ def _main(argv: list[str] | None) -> int:
     for arg in [a for a in argv if a.startswith(("--local_rank=", "--local-rank="))]:
         os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
         argv.remove(arg)
-    command = argv[0] if argv else "glm"
+    # what error lines name: the command, with its group's subcommand ("data mix")
+    command = " ".join(argv[:2] if argv[:1] and argv[0] in commands.GROUPS and len(argv) > 1 else argv[:1]) or "glm"
     try:
         code = _dispatch(argv)
         if "torch.distributed" in sys.modules:  # a command that joined a process group leaves it

@@ -72,4 +72,4 @@ def test_a_run_imports_the_module_of_its_command_alone(runs):
 def test_glm_data_mix_refuses_a_config_without_a_mixture_in_one_line(runs):
     code, err, _ = runs["data mix"]
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("glm data: error: data.mixture is empty"), err
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("glm data mix: error: data.mixture is empty"), err

@@ -29,7 +29,7 @@ def write_crash_report(command: str, err: BaseException, *, run_dir: str | None 
     """Write ``err``'s traceback; return where it went, as the end of the one-line summary
     (``"full traceback in PATH"``, and why an earlier folder was passed over), never raising."""
     text = redact_text("".join(traceback.format_exception(err)))
-    name = f"glm-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}.log"
+    name = f"glm-{command.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}.log"
     chosen = os.environ.get(CRASH_DIR_ENV)
     candidates = [(f"{CRASH_DIR_ENV} {chosen}", lambda: _own_folder(Path(chosen)))] if chosen else []
     if run_dir and not chosen:

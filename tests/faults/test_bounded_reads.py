@@ -261,7 +261,7 @@ def test_an_unresolvable_input_host_stops_the_run_with_one_line(tmp_path):
     assert run.rc == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     lines = [line for line in run.stderr.splitlines() if url in line]
     assert len(lines) == 1 and lines[0].startswith(
-        f"glm data: error: input {url}: host 'nonexistent.invalid' does not resolve"
+        f"glm data run: error: input {url}: host 'nonexistent.invalid' does not resolve"
     ), run.stderr
     assert not (tmp_path / "out/documents").exists()
 

@@ -31,7 +31,7 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_goes_to_a_file(tmp_pa
     )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("glm config: internal error: KeyError: 'no such key' at <string>:")
+    assert lines[0].startswith("glm config show: internal error: KeyError: 'no such key' at <string>:")
     log = Path(lines[0].split("full traceback in ")[1].split(" (please report it)")[0])
     assert log.parent == tmp_path and "Traceback (most recent call last)" in log.read_text()
     assert 'return {}["no such key"]' in log.read_text() or "dispatch" in log.read_text()

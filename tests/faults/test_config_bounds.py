@@ -118,7 +118,7 @@ def test_the_defaults_and_every_shipped_config_and_recipe_are_in_range():
 
 def test_a_learning_rate_of_inf_or_nan_is_refused_with_the_fix(glm, tmp_path):
     assert refused(glm, "lr_inf") == (
-        "glm config: error: train.lr=inf must be a finite number > 0, e.g. 0.0006 (<command line>)"
+        "glm config show: error: train.lr=inf must be a finite number > 0, e.g. 0.0006 (<command line>)"
     )
     (tmp_path / "nan.yaml").write_text(f"base: {TINY}\ntrain: {{lr: .nan}}\n")
     with pytest.raises(ConfigError, match=rf"^train.lr=nan must be a finite number > 0, e.g. 0.0006 \({tmp_path}"):
@@ -130,13 +130,13 @@ def test_a_learning_rate_of_inf_or_nan_is_refused_with_the_fix(glm, tmp_path):
 
 def test_sizes_no_machine_holds_are_refused_before_anything_is_allocated(glm):
     assert refused(glm, "micro_batch") == (
-        f"glm config: error: train.micro_batch_size={10**12} must be >= 1 and <= 65536, e.g. 8 (<command line>)"
+        f"glm config show: error: train.micro_batch_size={10**12} must be >= 1 and <= 65536, e.g. 8 (<command line>)"
     )
     assert refused(glm, "context") == (
         f"glm train: error: model.context_length={10**9} must be >= 1 and <= 16777216 (<command line>)"
     )
     assert refused(glm, "tokens").startswith(
-        "glm config: error: train.micro_batch_size=65536 x data.seq_len=8192 is 536870912 tokens per micro batch"
+        "glm config show: error: train.micro_batch_size=65536 x data.seq_len=8192 is 536870912 tokens per micro batch"
     )
     for key, value in [
         ("model.d_model", 2**20),
@@ -154,13 +154,13 @@ def test_negative_retries_are_refused_for_training_data_and_crawl_inputs(glm):
         "glm train: error: data.read_retries=-1 must be >= 0 and <= 10, e.g. 3 (<command line>)"
     )
     assert refused(glm, "http_retries") == (
-        "glm data: error: reader.http_retries=-1 must be >= 0 and <= 10, e.g. 3 (<command line>)"
+        "glm data run: error: reader.http_retries=-1 must be >= 0 and <= 10, e.g. 3 (<command line>)"
     )
 
 
 def test_a_crawl_read_timeout_of_zero_which_aiohttp_reads_as_none_is_refused(glm):
     assert refused(glm, "http_timeout") == (
-        "glm data: error: reader.http_read_timeout_s=0.0 must be > 0 and <= 3600, e.g. 60 (<command line>)"
+        "glm data run: error: reader.http_read_timeout_s=0.0 must be > 0 and <= 3600, e.g. 60 (<command line>)"
     )
     with pytest.raises(ConfigError, match=r"^gopher_repetition.top_ngram_char_frac.2=1.5 must be >= 0 and <= 1"):
         load_recipe(FINEWEB, ["output=unused", "gopher_repetition.top_ngram_char_frac.2=1.5"])

@@ -311,7 +311,7 @@ def test_glm_data_index_refuses_a_dot_dot_shard_name_with_one_line(shards_dir, t
     proc = run_glm(["data", "index", str(root)], check=False, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [
-        f"glm data: error: {root}/manifest.json: name '../victim/other.tar' is not a file inside the shard set "
+        f"glm data index: error: {root}/manifest.json: name '../victim/other.tar' is not a file inside the shard set "
         "(absolute, '..', a URL or empty); fix the manifest or rebuild the set with glm data tokenize"
     ]
     assert list((tmp_path / "victim").iterdir()) == []

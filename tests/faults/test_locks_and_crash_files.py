@@ -134,7 +134,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_line_and_released_on
     assert lines[0].startswith(
         f"glm data index: taking over the lock of DIR {folder}: it was left by glm data index (pid {pid} on this host"
     ) and lines[0].endswith("which is no longer running")
-    assert lines[1].startswith("glm data: error: ") and len(lines) == 2
+    assert lines[1].startswith("glm data index: error: ") and len(lines) == 2
     assert not (folder / outlock.LOCK_NAME).exists()
 
 
@@ -350,7 +350,7 @@ def test_log_records_warnings_and_error_lines_carry_no_credentials():
         assert secret not in proc.stderr, proc.stderr
     assert "https://REDACTED@host/shard-0.tar?pwd=REDACTED: HTTP 503; retry 1 of 3" in proc.stderr
     assert "Authorization: Bearer REDACTED" in proc.stderr
-    assert "glm config: error: https://REDACTED@host/shard-1.tar is missing" in proc.stderr
+    assert "glm config show: error: https://REDACTED@host/shard-1.tar is missing" in proc.stderr
 
 
 def test_the_wandb_summary_is_redacted():
