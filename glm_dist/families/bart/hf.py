@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from glm_dist.families.bart.model import BartConfig
+from glm_dist.families.bart.model import Bart, BartConfig
 from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 _BLOCK = {
@@ -100,8 +100,6 @@ def from_hf_config(hf_cfg) -> BartConfig:
 
 def import_hf(hf_model) -> tuple[BartConfig, dict[str, torch.Tensor]]:
     """A transformers ``BartForConditionalGeneration`` -> our config and state dict."""
-    from glm_dist.families.bart.model import Bart
-
     cfg = from_hf_config(hf_model.config)
     return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(Bart, cfg))
 

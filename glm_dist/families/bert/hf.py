@@ -11,7 +11,8 @@ import re
 
 import torch
 
-from glm_dist.families.bert.model import EncoderConfig
+from data_pipeline.tokenize.profiles import PROFILES
+from glm_dist.families.bert.model import Encoder, EncoderConfig
 from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 _BLOCK_BERT = {  # ours -> transformers, inside "<prefix>.encoder.layer.{i}."
@@ -204,8 +205,6 @@ def import_hf(hf_model) -> tuple[EncoderConfig, dict[str, torch.Tensor]]:
     """A ``BertForPreTraining``, ``RobertaForMaskedLM``, ``AlbertForPreTraining``, ``ElectraForPreTraining``
     (the discriminator, what the electra row exports) or ``ElectraForMaskedLM`` (a generator) -> our
     ``Encoder``'s config and state dict."""
-    from glm_dist.families.bert.model import Encoder
-
     kind = type(hf_model).__name__
     if kind not in _HEADS:
         raise ValueError(f"no import from transformers' {kind}: one of {', '.join(_HEADS)}")
@@ -222,8 +221,6 @@ def export_hf(
     profile: str | None = None,
 ) -> None:
     """Write a folder the family's transformers class and ``AutoTokenizer`` load."""
-    from data_pipeline.tokenize.profiles import PROFILES
-
     segments = ["token_type_ids"] if cfg.type_vocab_size > 1 else []
     tokenizer = hf_tokenizer(
         tokenizer_file,

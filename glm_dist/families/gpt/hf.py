@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from data_pipeline.tokenize.profiles import PROFILES
 from glm_dist.families.gpt.model import GPTConfig, unpadded_state_dict
 from glm_dist.families.spec import hf_tokenizer, save_exported
 
@@ -122,8 +123,6 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], *, top: dict[str, str] = 
 def eot_tokenizer(tokenizer_file: str | None, profile: str | None, *, context_length: int) -> tuple[Any, int | None]:
     """The exported tokenizer, whose end-of-text token (the tokenizer ``profile``'s, GPT-2's by default) is
     also BOS, EOS and UNK, and that token's id; (None, None) without a tokenizer file."""
-    from data_pipeline.tokenize.profiles import PROFILES
-
     eot = PROFILES[profile or "gpt2"].roles["eot"]
     tokenizer = hf_tokenizer(tokenizer_file, dict.fromkeys(("bos", "eos", "unk"), eot), context_length=context_length)
     return tokenizer, (tokenizer.convert_tokens_to_ids(eot) if tokenizer is not None else None)

@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from glm_dist.families.t5.model import T5Config
+from glm_dist.families.t5.model import T5, T5Config
 from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 
@@ -101,8 +101,6 @@ def from_hf_config(hf_cfg) -> T5Config:
 
 def import_hf(hf_model) -> tuple[T5Config, dict[str, torch.Tensor]]:
     """A transformers ``T5ForConditionalGeneration`` -> our config and state dict."""
-    from glm_dist.families.t5.model import T5
-
     cfg = from_hf_config(hf_model.config)
     return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(T5, cfg))
 

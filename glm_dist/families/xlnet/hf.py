@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import torch
 
-from glm_dist.families.xlnet.model import XLNetConfig
+from data_pipeline.tokenize.profiles import PROFILES
+from glm_dist.families.xlnet.model import XLNet, XLNetConfig
 from glm_dist.families.spec import hf_tokenizer, save_exported, state_dict_keys
 
 _TOP = {
@@ -136,8 +137,6 @@ def from_hf_config(hf_cfg) -> XLNetConfig:
 
 def import_hf(hf_model) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
     """A transformers ``XLNetLMHeadModel`` -> our config and state dict."""
-    from glm_dist.families.xlnet.model import XLNet
-
     cfg = from_hf_config(hf_model.config)
     return cfg, from_hf_state_dict(hf_model.state_dict(), state_dict_keys(XLNet, cfg))
 
@@ -155,8 +154,6 @@ def export_hf(
     no token_type_ids: the ``plm`` objective trains without segments, and transformers adds the
     segment term whenever they are passed."""
     from transformers import XLNetLMHeadModel
-
-    from data_pipeline.tokenize.profiles import PROFILES
 
     tok = hf_tokenizer(
         tokenizer_file,
