@@ -45,9 +45,10 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from tokenizers import Tokenizer
 
 from glm_dist.errors import GlmError
-from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.eval.stream import TextStream, load_decoder, stream_tokens
+from glm_dist.models.generate import GenerationConfig, generate
 from glm_dist.parallel import comm
+from glm_dist.parallel.distributed import init_distributed
 
 Request = tuple[tuple[str, str], list[int], list[int]]  # (strings, context tokens, continuation tokens)
 
@@ -320,8 +321,6 @@ def _join_ranks() -> tuple[int, int]:
     """(rank, world size): a world of one, or torchrun's ranks joined in one process group."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
-    from glm_dist.parallel.distributed import init_distributed
-
     info = init_distributed()
     return info.rank, info.world_size
 

@@ -20,12 +20,12 @@ import torch
 import yaml
 from tokenizers import Tokenizer
 
+from data_pipeline.tokenize.profiles import special_ids
 from glm_dist.config.schema import EvalConfig
 from glm_dist.errors import GlmError
-from glm_dist.eval.perplexity import gives_next_token_logits
 from glm_dist.eval.harness import GlmLM, HarnessError, _from_json, _to_json
+from glm_dist.eval.perplexity import gives_next_token_logits
 from glm_dist.parallel import comm
-
 
 MAX_YAML_BYTES = 1 << 20
 
@@ -125,8 +125,6 @@ class InLoopEval:
         rank: int,
         world_size: int,
     ):
-        from data_pipeline.tokenize.profiles import special_ids
-
         if not gives_next_token_logits(family_name):
             raise HarnessError(
                 f"eval.tasks scores decoder-only language models; this run trains a "

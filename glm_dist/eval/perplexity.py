@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.vocab_tables import token_byte_lengths
+from glm_dist.families.registry import family
 from glm_dist.objectives.base import Objective, to_device
 from glm_dist.parallel import comm
 
@@ -181,6 +182,4 @@ def document_perplexity(
 def gives_next_token_logits(family_name: str) -> bool:
     """Whether the family is a decoder-only LM: its forward maps token ids (B, T) to logits (B, T, V)
     (its registry row says so; calling the model to find out needs inputs some families lack)."""
-    from glm_dist.families.registry import family
-
     return family(family_name).next_token_logits

@@ -10,14 +10,17 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
+from data_pipeline.tokenize.profiles import special_ids
+from glm_dist.checkpoint.consolidate import checkpoint_tokenizer, consolidated_state_dict
+from glm_dist.checkpoint.files import CheckpointError
 from glm_dist.config.checks import seq_len
-from glm_dist.config.schema import Config
 from glm_dist.config.loader import source_of
+from glm_dist.config.schema import Config
 from glm_dist.data.loader import validation_batches
 from glm_dist.data.mixture import Mixture, resolve_mixture
 from glm_dist.data.prepare import run_shards_dir
 from glm_dist.data.shards import read_manifest, read_shard, shard_sizes, shard_urls
+from glm_dist.errors import GlmError
 from glm_dist.eval.perplexity import (
     byte_length_table,
     document_perplexity,
@@ -27,9 +30,6 @@ from glm_dist.eval.perplexity import (
 )
 from glm_dist.families.registry import build_model, model_config_from_dict
 from glm_dist.objectives.registry import get_objective, options_from_config
-from glm_dist.checkpoint.consolidate import consolidated_state_dict
-from glm_dist.checkpoint.files import CheckpointError
-from glm_dist.errors import GlmError
 
 
 def load_checkpoint_model(checkpoint: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -120,8 +120,6 @@ def validation_documents_perplexity(
 ) -> dict:
     """The first ``limit`` held-out documents scored whole, in sliding windows of the context
     advancing by ``stride`` (default: the context, disjoint windows)."""
-    from data_pipeline.tokenize.profiles import special_ids
-
     context = model.cfg.context_length
     if stride is not None and not 1 <= stride <= context:
         raise GlmError(f"--stride {stride} must be between 1 and the model's context length {context}")

@@ -12,6 +12,8 @@ import numpy as np
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.errors import GlmError
+from glm_dist.eval.run import load_checkpoint_model
+from glm_dist.families.registry import family, resolve
 from glm_dist.transfer.files import read_rows
 
 MAX_INPUT_BYTES = 256 * 2**20
@@ -40,9 +42,6 @@ def export_features(
     checkpoint: str | Path, texts: Sequence[str], *, out: str | Path | None = None, batch_size: int = 32
 ) -> list[np.ndarray]:
     """Each text's features as float32 arrays; with ``out`` also saved as ``.npz``."""
-    from glm_dist.eval.run import load_checkpoint_model
-    from glm_dist.families.registry import family, resolve
-
     if not texts:
         raise GlmError("no texts to compute features of")
     model, meta = load_checkpoint_model(checkpoint)
