@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from glm_dist.hf.export import export_checkpoint
 from tests.conftest import ROOT, run_glm
 
 pytestmark = pytest.mark.slow
@@ -100,9 +101,7 @@ def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, enc
 
     from transformers import AutoTokenizer, BertForPreTraining
 
-    run_glm(
-        ["export-hf", "--checkpoint", str(tmp_path / "two/checkpoints/step_00000040"), "--out", str(tmp_path / "hf")]
-    )
+    export_checkpoint(tmp_path / "two/checkpoints/step_00000040", tmp_path / "hf")  # what glm export-hf runs
     model = BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     enc = tok("return the number of items.", "hello world!", return_tensors="pt")
