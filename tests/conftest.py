@@ -79,6 +79,15 @@ def shards(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def docstring_task(tmp_path_factory) -> str:
+    """The built-in fine-tuning task (docstring -> module) as ``glm data docstring-task`` writes it, once
+    for the tests that fine-tune on it (read only)."""
+    out = tmp_path_factory.mktemp("docstring-task") / "task.jsonl"
+    run_glm(["data", "docstring-task", "--out", str(out)])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def glove_text(corpus, tmp_path_factory) -> str:
     """GloVe text vectors (50-d, as the tiny GloVe) of the 500-document corpus: counts (window 10), then
     five passes of AdaGrad (lr 0.05) over them with the glove objective's weighted squares, in this

@@ -211,7 +211,7 @@ def test_tiny_seq2seq_pretraining_zero3_matches_one_process_and_generates_like_t
 
 
 @pytest.mark.slow
-def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, corpus_shards, tmp_path):
+def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, corpus_shards, docstring_task, tmp_path):
     run_glm(
         [
             "train",
@@ -225,7 +225,6 @@ def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, corpus_shards, tmp
             f"train.out_dir={tmp_path / 'pre'}",
         ]
     )
-    run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
     out = run_glm(
         [
             "finetune",
@@ -236,7 +235,7 @@ def test_t5_finetunes_text_to_text_with_a_task_prefix(corpus, corpus_shards, tmp
             "--checkpoint",
             str(tmp_path / "pre/checkpoints/step_00000060"),
             "--train",
-            str(tmp_path / "task.jsonl"),
+            docstring_task,
             "--epochs",
             "12",
             "--lr",

@@ -116,7 +116,7 @@ def test_bert_under_torchrun_with_zero2_and_exported_to_transformers(corpus, enc
 
 
 def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority_baseline(
-    corpus, encoder_shards, tmp_path
+    corpus, encoder_shards, docstring_task, tmp_path
 ):
     run_glm(
         [
@@ -130,14 +130,13 @@ def test_finetune_classifies_stdlib_docstrings_by_module_well_above_the_majority
             f"train.out_dir={tmp_path / 'pre'}",
         ]
     )
-    run_glm(["data", "docstring-task", "--out", str(tmp_path / "task.jsonl")])
     out = run_glm(
         [
             "finetune",
             "--checkpoint",
             str(tmp_path / "pre/checkpoints/step_00000060"),
             "--train",
-            str(tmp_path / "task.jsonl"),
+            docstring_task,
             "--epochs",
             "8",
             "--lr",
