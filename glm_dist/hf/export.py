@@ -62,15 +62,26 @@ def _shareable(folder: Path) -> None:
             path.chmod(0o666 & ~umask)
 
 
+# weight files transformers loads by name: one of an earlier export that this one did not write would be
+# read instead of (model.safetensors before an index) or beside (a stale shard) the new weights
+WEIGHTS = ("model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
 def _publish(new: Path, out: Path) -> None:
     """Move the finished export to ``out``: one rename for a new folder, else file by file (renames on one
-    filesystem, which cannot run out of space), replacing what an earlier export wrote there."""
+    filesystem, which cannot run out of space), replacing what an earlier export wrote there and removing
+    its weight files this export has not (a single file then, shards now, or the reverse); other files
+    (a model card the user added) stay."""
     _shareable(new)
     if not out.exists():
         os.rename(new, out)
         return
-    for path in sorted(new.rglob("*")):
-        if path.is_file():
-            target = out / path.relative_to(new)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
+    written = {path.relative_to(new) for path in new.rglob("*") if path.is_file()}
+    for rel in sorted(written):
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(new / rel, target)
+    for pattern in WEIGHTS:
+        for stale in out.glob(pattern):
+            if stale.relative_to(out) not in written:
+                stale.unlink()

@@ -66,6 +66,19 @@ def test_an_exported_folder_is_readable_by_whoever_can_read_a_new_file(tmp_path)
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
+def test_an_export_over_an_earlier_one_leaves_none_of_its_weight_files(tmp_path):
+    # was: files of the same name replaced, the rest kept -- an earlier sharded export's index and shards
+    # beside the new model.safetensors (or an earlier model.safetensors, which transformers reads first)
+    out = tmp_path / "hf"
+    out.mkdir()
+    stale = ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "pytorch_model.bin"]
+    for name in [*stale, "README.md"]:
+        (out / name).write_text("earlier")
+    export_checkpoint(GPT, out)
+    assert not any((out / name).exists() for name in stale)
+    assert (out / "README.md").read_text() == "earlier" and (out / "model.safetensors").stat().st_size > 1000
+
+
 def test_export_hf_on_a_full_disk_is_one_line_and_leaves_no_half_folder(full_disk):
     # was: an internal error (SafetensorError) and config.json left without weights
     proc = subprocess.run(
