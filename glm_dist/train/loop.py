@@ -55,7 +55,7 @@ from glm_dist.train.errors import CollectiveTimeout, Preempted, TrainingDiverged
 from glm_dist.train.preemption import SETTLE_S, StopRequest
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.layer_groups import discriminative_param_groups, layer_groups
-from glm_dist.train.pretrained import load_pretrained
+from glm_dist.train.pretrained import check_same_tokenizer, load_pretrained
 from glm_dist.train.schedule import lr_at
 
 
@@ -97,6 +97,14 @@ class Trainer:
         self.resume_meta = read_meta(self.resume_from) if self.resume_from else None
         self.manifest = ensure_shards(cfg.data, self.dist)
         self.shards_dir = run_shards_dir(cfg.data)  # data.shards_dir, or a mixture's first source: the tokenizer's
+        if self.resume_from is not None:  # same shapes, other tokens: the weights would go on meaning the old ones
+            check_same_tokenizer(
+                str(self.resume_from),
+                self.resume_meta,
+                self.manifest["tokenizer"]["sha256"],
+                key=f"train.resume={cfg.train.resume}"
+                + (f" ({self.resume_from})" if cfg.train.resume != str(self.resume_from) else ""),
+            )
         self.model_cfg = model_config(cfg)
         vocab = self.manifest["tokenizer"]["vocab_size"]
         if vocab > self.model_cfg.vocab_size:

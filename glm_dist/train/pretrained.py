@@ -10,17 +10,24 @@ from glm_dist.checkpoint.consolidate import consolidated_state_dict
 from glm_dist.config.loader import ConfigError
 
 
+def check_same_tokenizer(checkpoint: str, meta: dict, tokenizer_sha256: str, *, key: str) -> None:
+    """A checkpoint's weights continue only on text its own tokenizer encoded: the same vocabulary size
+    does not mean the same tokens (a RoBERTa and a GPT-2 byte BPE of 2,048 ids share no meaning)."""
+    if meta.get("tokenizer_sha256") != tokenizer_sha256:
+        raise ConfigError(
+            f"{key} was trained with another tokenizer than data.shards_dir's: use the shard set it was "
+            f"trained on ({meta.get('shards_dir')}) or encode the text with its tokenizer "
+            f"(data.tokenizer={checkpoint}/tokenizer.json)"
+        )
+
+
 def load_pretrained(model: nn.Module, checkpoint: str, *, family: str, tokenizer_sha256: str) -> dict:
     """Copy ``checkpoint``'s weights into ``model`` (every one of its parameters must be there);
     returns the checkpoint's meta.json."""
     sd, meta = consolidated_state_dict(checkpoint)
     if meta["model_family"] != family:
         raise ConfigError(f"train.init_from={checkpoint} is a {meta['model_family']!r} checkpoint, not {family!r}")
-    if meta["tokenizer_sha256"] != tokenizer_sha256:
-        raise ConfigError(
-            f"train.init_from={checkpoint} was trained with another tokenizer than data.shards_dir's; "
-            f"encode the new text with its tokenizer (data.tokenizer={checkpoint}/tokenizer.json)"
-        )
+    check_same_tokenizer(checkpoint, meta, tokenizer_sha256, key=f"train.init_from={checkpoint}")
     missing = sorted(set(model.state_dict()) - set(sd))
     if missing:
         raise ConfigError(

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from glm_dist.models.heads import SequenceClassifier
+from glm_dist.transfer.files import known_label_rows
 from glm_dist.transfer.inputs import batch_on, batch_rows
 from glm_dist.transfer.loop import Batch, TensorRows, finetune_task
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
@@ -92,7 +93,7 @@ def classify(
 ) -> dict:
     """Train the classifier; the result without the checkpoint's name, the model under ``model``."""
     labels = {name: i for i, name in enumerate(sorted({str(r[args.label_field]) for r in train_rows}))}
-    valid_rows = [r for r in valid_rows if str(r[args.label_field]) in labels]
+    valid_rows = known_label_rows(valid_rows, labels, args)
     train, valid = (encode(part, tok, args, labels, pad_id, pad_left=pad_left) for part in (train_rows, valid_rows))
     model = SequenceClassifier(encoder, len(labels), position=position)
     task = Classification(model, train, adapter_sites, valid=valid, batch_size=args.batch_size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import fsspec
@@ -15,6 +16,8 @@ from tokenizers import Tokenizer
 
 from data_pipeline.tokenize.profiles import special_ids
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
+
+log = logging.getLogger(__name__)
 
 
 def read_rows(path: str) -> list[dict]:
@@ -46,10 +49,59 @@ def split_rows(rows: list[dict], per_mille: int) -> tuple[list[dict], list[dict]
     return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
 
 
-def train_valid_rows(args: FinetuneArgs) -> tuple[list[dict], list[dict]]:
-    """``--train``'s rows and ``--valid``'s, or ``--valid-per-mille`` of ``--train`` held out."""
+def train_valid_rows(args: FinetuneArgs, fields: tuple[str, ...] = ()) -> tuple[list[dict], list[dict]]:
+    """``--train``'s rows and ``--valid``'s, or ``--valid-per-mille`` of ``--train`` held out. Every row
+    holds each of ``fields`` (a row without one stops with its file and row), and there is a row to score."""
     rows = read_rows(args.train)
-    return (rows, read_rows(args.valid)) if args.valid else split_rows(rows, args.valid_per_mille)
+    check_fields(rows, fields, args.train, label_field=args.label_field)
+    if args.valid:
+        valid = read_rows(args.valid)
+        check_fields(valid, fields, args.valid, label_field=args.label_field)
+        if not valid:
+            raise FinetuneError(f"--valid {args.valid} has no rows: give held-out rows, or leave --valid out")
+        return rows, valid
+    train, valid = split_rows(rows, args.valid_per_mille)
+    if not valid:
+        raise FinetuneError(
+            f"none of --train {args.train}'s {len(rows)} rows is held out (~{args.valid_per_mille} per thousand): "
+            "give more rows or a --valid file"
+        )
+    return train, valid
+
+
+def check_fields(rows: list[dict], fields: tuple[str, ...], path: str, *, label_field: str) -> None:
+    """Each row holds each field, and its label is a string or a number: a null label would become a class
+    named "None", a boolean one a class apart from 1 (labels are compared as strings)."""
+    for n, row in enumerate(rows, 1):
+        for field in fields:
+            value = row.get(field)
+            if value is None:
+                raise FinetuneError(f"{path}: row {n} has no {field!r} (fields: {sorted(row)[:10]})")
+            if field == label_field and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+                raise FinetuneError(
+                    f"{path}: row {n}: label {value!r} is a {type(value).__name__}; a label is a string or a number"
+                )
+
+
+def known_label_rows(valid_rows: list[dict], labels: dict[str, int], args: FinetuneArgs) -> list[dict]:
+    """The held-out rows whose label the training rows have (the model has no output for another): the
+    others are named in a warning, and none left is an error rather than an accuracy of nothing."""
+    kept = [r for r in valid_rows if str(r[args.label_field]) in labels]
+    if len(kept) < len(valid_rows):
+        unseen = sorted({str(r[args.label_field]) for r in valid_rows} - set(labels))
+        log.warning(
+            "%d of %d held-out rows not scored: their labels %s are not among the training rows' %s",
+            len(valid_rows) - len(kept),
+            len(valid_rows),
+            unseen[:10],
+            list(labels)[:10],
+        )
+    if not kept:
+        raise FinetuneError(
+            f"no held-out row has a label of the training rows ({list(labels)[:10]}): "
+            f"check --label-field and the files {args.train} / {args.valid or '(held out of --train)'}"
+        )
+    return kept
 
 
 def read_manifest_ids(tok: Tokenizer, meta: dict) -> dict:

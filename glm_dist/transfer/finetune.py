@@ -32,6 +32,11 @@ from glm_dist.transfer.token_tasks import finetune_token_level
 __all__ = ["FinetuneArgs", "FinetuneError", "finetune", "read_manifest_ids", "read_rows", "split_rows", "write_output"]
 
 
+def row_fields(args: FinetuneArgs) -> tuple[str, ...]:
+    """The fields every row of a classification or text-to-text task holds."""
+    return (args.text_field, *([args.pair_field] if args.pair_field else []), args.label_field)
+
+
 def finetune(args: FinetuneArgs) -> dict:
     """Fine-tune ``args.checkpoint`` on ``args.train`` as ``args.task``; the result as a dict."""
     init_distributed()
@@ -60,7 +65,7 @@ def finetune(args: FinetuneArgs) -> dict:
                 args,
                 model,
                 tok,
-                *train_valid_rows(args),
+                *train_valid_rows(args, row_fields(args)),
                 ids=ids,
                 start_role=spec.decoder_start,
                 adapter_sites=spec.adapter_sites,
@@ -72,7 +77,7 @@ def finetune(args: FinetuneArgs) -> dict:
             args,
             model,
             tok,
-            *train_valid_rows(args),
+            *train_valid_rows(args, row_fields(args)),
             pad_id=ids["pad"],
             pad_left=spec.pad_left,
             position=spec.summary_position,

@@ -19,7 +19,7 @@ from torch import nn
 
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.families.registry import family
-from glm_dist.transfer.files import finish, train_valid_rows
+from glm_dist.transfer.files import finish, known_label_rows, train_valid_rows
 from glm_dist.transfer.heads import GPTTransfer, set_dropout
 from glm_dist.transfer.inputs import SpecialTokens, batch_on, batch_rows, pack, transform
 from glm_dist.transfer.loop import ADAMW, Batch, finetune_task
@@ -122,10 +122,10 @@ class GPTTask:
 def finetune_gpt(args: FinetuneArgs, lm: torch.nn.Module, meta: dict) -> dict:
     """Fine-tune a GPT checkpoint's model (already loaded) on ``args.train``; the result as a dict."""
     tok = checkpoint_tokenizer(args.checkpoint)
-    train_rows, valid_rows = train_valid_rows(args)
+    train_rows, valid_rows = train_valid_rows(args, _fields(args))
     labels = label_index(train_rows, args)
     if args.task != "multiple_choice":
-        valid_rows = [r for r in valid_rows if str(r[args.label_field]) in labels]
+        valid_rows = known_label_rows(valid_rows, labels, args)
     sp = SpecialTokens.after(lm.add_tokens(3))
     max_len = min(args.max_len, lm.cfg.context_length)
     train, y_train = encode_rows(train_rows, tok, args, labels, sp, max_len)

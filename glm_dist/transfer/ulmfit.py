@@ -30,7 +30,7 @@ from torch import nn
 from glm_dist.checkpoint.consolidate import checkpoint_tokenizer
 from glm_dist.families.awd_lstm.model import AwdLstm
 from glm_dist.objectives.awd_lm import activation_penalties
-from glm_dist.transfer.files import finish, read_manifest_ids, train_valid_rows
+from glm_dist.transfer.files import finish, known_label_rows, read_manifest_ids, train_valid_rows
 from glm_dist.transfer.inputs import batch_on, batch_rows, pad_ids
 from glm_dist.transfer.loop import Batch, finetune_task, fit
 from glm_dist.transfer.options import FinetuneArgs, FinetuneError
@@ -175,9 +175,9 @@ def finetune_ulmfit(args: FinetuneArgs, lm: AwdLstm, meta: dict) -> dict:
     """Fine-tune ULMFiT's classifier on ``args.train`` from an AWD-LSTM checkpoint's LM (loaded)."""
     tok = checkpoint_tokenizer(args.checkpoint)
     ids = read_manifest_ids(tok, meta)
-    train_rows, valid_rows = train_valid_rows(args)
+    train_rows, valid_rows = train_valid_rows(args, (args.text_field, args.label_field))
     labels = {name: i for i, name in enumerate(sorted({str(r[args.label_field]) for r in train_rows}))}
-    valid_rows = [r for r in valid_rows if str(r[args.label_field]) in labels]
+    valid_rows = known_label_rows(valid_rows, labels, args)
     train = encode_documents(train_rows, tok, args, labels, eos=ids["eos"])
     valid = encode_documents(valid_rows, tok, args, labels, eos=ids["eos"])
     model = ConcatPoolClassifier(lm, len(labels), bptt=args.bptt, drop_mult=args.drop_mult)
