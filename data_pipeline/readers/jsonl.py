@@ -86,10 +86,24 @@ def _document(line: bytes, place: str, path: str, lineno: int, cfg: ReaderCfg, s
         stats.error("missing text field", path, lineno, f"no string field {cfg.text_field!r}")
         stage.dropped["missing text field"] += 1
         return None
+    if b"\\u" in line and _lone_surrogate(record):
+        stats.error("undecodable bytes", path, lineno, "a \\uD800-\\uDFFF escape that is half of a pair (no UTF-8)")
+        stage.dropped["undecodable bytes"] += 1
+        return None
     doc_id = record.get(cfg.id_field) if cfg.id_field else None
     meta = _meta(record, cfg)
     meta.setdefault("source", place)
     return Document(str(doc_id) if doc_id is not None else place, text, meta)
+
+
+def _lone_surrogate(record: dict) -> bool:
+    """JSON may escape half a UTF-16 pair (``"\\ud800"``): a string no UTF-8 file can hold, which the
+    stages after the reader would fail on (the whole run, for one record)."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def read_parquet(path: str, cfg: ReaderCfg, stats: Stats) -> Iterator[Document]:

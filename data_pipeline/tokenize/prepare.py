@@ -63,6 +63,12 @@ class ShardSpec:
     tokenizer_train_chars: int = 500_000_000  # train the tokenizer on at most this much text
     max_record_mb: float = 10.0  # a larger JSON line or text file is skipped and counted (record_too_large)
 
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:  # before the source is read or rendered
+            raise PipelineError(
+                f"data.tokenizer_profile={self.profile!r} is not a tokenizer profile; known: {', '.join(PROFILES)}"
+            )
+
 
 def read_documents(
     source: str, *, text_field: str = "text", max_record_mb: float = 10.0, skipped: Counter | None = None
@@ -236,6 +242,13 @@ def ensure_tokenizer(spec: ShardSpec, files: list[str]) -> Tokenizer:
         return parse_tokenizer(data, where=path, fix=f"delete it (or {spec.out_dir}) to train or load it again")
     if spec.tokenizer == "train":
         tok = train_tokenizer(spec.profile, _training_texts(spec, files), vocab_size=spec.vocab_size)
+        if tok.get_vocab_size() < spec.vocab_size:
+            log.warning(
+                "the tokenizer has %d tokens, not data.vocab_size=%d: %s has too little text for more",
+                tok.get_vocab_size(),
+                spec.vocab_size,
+                spec.source,
+            )
     else:
         tok = _load_tokenizer(spec.tokenizer)
     write_bytes(fs.unstrip_protocol(path), tok.to_str().encode())
@@ -333,6 +346,13 @@ def _batches(docs: Iterator[dict], size: int, skipped: Counter) -> Iterator[list
 def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
     fs, root = fsspec.core.url_to_fs(spec.out_dir)
     results = [json.loads(fs.read_text(f"{root}/.tasks/{t:05d}.json")) for t in range(len(files))]
+    documents = sum(r["documents"] for r in results)
+    if not any(info["num_samples"] for r in results for info in r["shards"]["train"]):
+        skipped = dict(sum((Counter(r["skipped"]) for r in results), Counter()))
+        raise PipelineError(
+            f"data.source={spec.source!r} has no training documents ({documents} in {len(files)} file(s), "
+            f"skipped: {skipped or 'none'}): fix the source (or data.text_field) and delete {spec.out_dir}"
+        )
     ids = special_ids(tok, spec.profile)
     manifest = {
         "format": "glm-dist/tokenized-documents/v2",
@@ -353,7 +373,7 @@ def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
         "source": {
             "spec": spec.source,
             "files": len(files),
-            "documents": sum(r["documents"] for r in results),
+            "documents": documents,
             "skipped": dict(sum((Counter(r["skipped"]) for r in results), _named_source_skips(spec))),
         },
     }

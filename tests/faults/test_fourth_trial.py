@@ -73,3 +73,35 @@ def test_held_out_rows_whose_label_training_never_saw_are_named_not_dropped_sile
     assert "3 of 10 held-out rows not scored: their labels ['zzz']" in caplog.text
     with pytest.raises(FinetuneError, match="no held-out row has a label of the training rows"):
         known_label_rows(rows[:3], {"0": 0, "1": 1}, args)
+
+
+def test_a_json_escaped_half_surrogate_is_one_counted_record_not_the_end_of_the_run(tmp_path):
+    # was: the filter stage wrote it (surrogatepass), the write stage's strict UTF-8 read died on it:
+    # internal UnicodeDecodeError, no output for the whole run
+    from data_pipeline.document import Stats
+    from data_pipeline.readers.jsonl import read_jsonl
+    from data_pipeline.recipe import ReaderCfg
+
+    lines = [
+        json.dumps({"text": SENTENCES[0]}),
+        json.dumps({"text": "half \ud800 a pair"}),
+        '{"text": "\\ud83d\\ude00"}',
+    ]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    stats = Stats()
+    texts = [d.text for d in read_jsonl(str(path), ReaderCfg(), stats)]
+    assert texts == [SENTENCES[0], "\U0001f600"]  # a whole pair is one character, kept
+    assert stats.stage("read").dropped == {"undecodable bytes": 1}
+
+
+def test_tokenizing_a_source_with_no_documents_or_an_unknown_profile_is_one_line(tmp_path, capsys):
+    # was: exit 0 and a manifest of no shards (a tokenizer trained on nothing); an internal KeyError
+    source = _jsonl(tmp_path / "docs.jsonl", [{"body": s} for s in SENTENCES])
+    config = str(ROOT / "configs/data/embedded-gpt2-bpe.yaml")
+    code = main(["data", "tokenize", "-c", config, f"data.source={source}", f"data.shards_dir={tmp_path}/a"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no training documents (0 in 1 file(s), skipped: {'bad_jsonl_record': 4})" in err, err
+    assert not (tmp_path / "a/manifest.json").exists()
+    code = main(["data", "tokenize", "-c", config, "data.tokenizer_profile=gtp2", f"data.shards_dir={tmp_path}/b"])
+    assert code == 2 and "data.tokenizer_profile='gtp2' is not a tokenizer profile" in capsys.readouterr().err
