@@ -17,6 +17,7 @@ import re
 from collections import Counter
 from typing import Iterable, Iterator
 
+from data_pipeline.errors import PipelineError
 from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline.tokenize.prepare import is_validation
 
@@ -73,7 +74,7 @@ def build(
         (test if is_validation(doc["id"], per_mille) else train).extend(items(doc, min_context=min_context))
     test, train = stable_order(test)[:max_test], stable_order(train)[:max_train]
     if not test or not train:
-        raise ValueError(f"pydoc_cloze: {len(test)} test and {len(train)} train items; give more documents")
+        raise PipelineError(f"pydoc_cloze: {len(test)} test and {len(train)} train items; give more documents")
     majority = Counter(r["target"] for r in train).most_common(1)[0][0]
     baselines = {
         "acc: the train split's most frequent target": sum(r["target"] == majority for r in test) / len(test),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Iterator
 
+from data_pipeline.errors import PipelineError
 from data_pipeline.tasks.built import BuiltTask, stable_order
 from data_pipeline.tokenize.prepare import is_validation
 
@@ -108,7 +109,7 @@ def build(
     test = stable_order(list(unique.values()))[:max_test]
     train = stable_order(list({r["article"]: r for r in reversed(train)}.values()))[:max_train]
     if not test or not train:
-        raise ValueError(f"doc_summary: {len(test)} test and {len(train)} train items; give more documents")
+        raise PipelineError(f"doc_summary: {len(test)} test and {len(train)} train items; give more documents")
     card = f"""Source: the Python standard library's documentation as rendered by `pydoc` (the embedded corpus,
 `data_pipeline/embedded.py`; no download). Construction: each entry (a signature line and the docstring
 indented below it) whose docstring's first sentence has 4+ words, ends in . ! ? and is followed by {min_words}+ words of

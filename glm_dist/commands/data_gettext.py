@@ -8,6 +8,7 @@ import json
 
 from data_pipeline.readers.gettext import catalog_paths
 from data_pipeline.translation_pairs import write_pairs
+from glm_dist.commands.shared import in_range
 
 HELP = (
     "translation pairs (English -> a language) from gettext catalogs as train.jsonl / validation.jsonl (held "
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    in_range("--val-per-mille", args.val_per_mille, 1, 999)  # 0 or 1000: one of the two files empty
     catalogs = catalog_paths(args.language, args.roots)
     if not catalogs:
         raise FileNotFoundError(

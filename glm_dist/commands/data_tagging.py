@@ -7,7 +7,7 @@ import argparse
 import json
 
 from data_pipeline.tasks.tagging_shards import build_tagging_set
-from glm_dist.commands.shared import config_args
+from glm_dist.commands.shared import config_args, folder_lock, in_range
 from glm_dist.config.loader import load_config
 
 HELP = (
@@ -26,15 +26,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for option in ("labelled", "unlabelled", "test"):
+        in_range(f"--{option}", getattr(args, option), 1)
     cfg = load_config(args.config, args.overrides)
-    manifest = build_tagging_set(
-        cfg.data.shards_dir,
-        tasks=args.tasks.split(","),
-        labelled_limit=args.labelled,
-        unlabelled_limit=args.unlabelled,
-        test_limit=args.test,
-        subset_seed=args.subset_seed,
-        vocab_size=cfg.data.vocab_size,
-    )
+    with folder_lock(cfg.data.shards_dir, "glm data tagging", "data.shards_dir"):  # as every data command's output
+        manifest = build_tagging_set(
+            cfg.data.shards_dir,
+            tasks=args.tasks.split(","),
+            labelled_limit=args.labelled,
+            unlabelled_limit=args.unlabelled,
+            test_limit=args.test,
+            subset_seed=args.subset_seed,
+            vocab_size=cfg.data.vocab_size,
+        )
     print(json.dumps(manifest["tagging"]))
     return 0

@@ -7,7 +7,10 @@ import argparse
 import json
 from pathlib import Path
 
+from data_pipeline.wordnet import FILES
 from data_pipeline.wordnet_heads import pos_rows, span_rows
+from glm_dist.commands.shared import in_range
+from glm_dist.errors import GlmError
 
 HELP = (
     "WordNet example sentences as glm finetune rows: DIR/wordnet_span.jsonl (--task span) and "
@@ -23,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.parts or set(args.parts) - set(FILES):
+        raise GlmError(f"--parts {args.parts!r}: letters of {''.join(FILES)} (noun, verb, adjective, adverb)")
+    in_range("--limit", args.limit, 1)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for name, build in (("wordnet_span", span_rows), ("wordnet_pos", pos_rows)):
         rows = build(args.wordnet_dir, parts=args.parts, limit=args.limit)

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 
 from glm_common.outlock import output_lock
+from glm_dist.errors import GlmError
 
 
 def config_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -18,6 +19,13 @@ def folder_lock(folder: str, command: str, key: str, *, task: int | None = None)
     """The output lock of a data command, unless it runs one task of a SLURM array (``--task``): the
     array's tasks share the folder, each writing only its own files."""
     return contextlib.nullcontext() if task is not None else output_lock(folder, command=command, key=key)
+
+
+def in_range(option: str, value: float | None, low: float, high: float | None = None) -> None:
+    """Refuse an option's count outside [low, high] in one line (unset: None passes): a negative count
+    was read as a slice (all but the last N), a zero one wrote empty files."""
+    if value is not None and not (low <= value and (high is None or value <= high)):
+        raise GlmError(f"{option} {value} must be >= {low}" + (f" and <= {high}" if high is not None else ""))
 
 
 def names(text: str) -> list[str]:

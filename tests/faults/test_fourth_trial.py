@@ -105,3 +105,28 @@ def test_tokenizing_a_source_with_no_documents_or_an_unknown_profile_is_one_line
     assert not (tmp_path / "a/manifest.json").exists()
     code = main(["data", "tokenize", "-c", config, "data.tokenizer_profile=gtp2", f"data.shards_dir={tmp_path}/b"])
     assert code == 2 and "data.tokenizer_profile='gtp2' is not a tokenizer profile" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["data", "eval-tasks", "--tasks", "nosuch"], "unknown task 'nosuch'; known: "),
+        (
+            ["data", "eval-tasks", "--tasks", "pydoc_cloze", "--source", "EMPTY"],
+            "pydoc_cloze: 0 test and 0 train items",
+        ),
+        (["data", "token-tasks", "--parts", "xyz"], "--parts 'xyz': letters of nvar"),
+        (["data", "token-tasks", "--limit", "-5"], "--limit -5 must be >= 1"),
+        (["data", "tagging", "-c", "TINY", "--labelled", "0"], "--labelled 0 must be >= 1"),
+        (["data", "gettext", "--val-per-mille", "2000"], "--val-per-mille 2000 must be >= 1 and <= 999"),
+    ],
+)
+def test_data_task_commands_refuse_what_they_cannot_build_in_one_line(argv, said, tmp_path, capsys):
+    # was: internal KeyError / ValueError (unknown task, no documents, --parts xyz); exit 0 with every pair in
+    # validation (--val-per-mille 2000), all rows but the last 5 (--limit -5) or an empty labelled split
+    (tmp_path / "empty.jsonl").write_text("")
+    swap = {"EMPTY": str(tmp_path / "empty.jsonl"), "TINY": str(ROOT / "configs/experiments/cvt-tiny-cpu.yaml")}
+    argv = [swap.get(a, a) for a in argv]
+    code = main([*argv[:2], "--out", str(tmp_path / "out"), *argv[2:]] if "tagging" not in argv else argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and said in lines[0], lines

@@ -17,6 +17,7 @@ import yaml
 
 from data_pipeline.tasks import builders
 from data_pipeline.tasks.built import write_task
+from glm_dist.errors import GlmError
 
 HERE = Path(__file__).parent
 
@@ -61,7 +62,7 @@ def build_tasks(out_dir: str | Path, names: list[str] | None = None, **options) 
     available = builders()
     unknown = sorted(set(names or []) - set(task_names()))
     if unknown:
-        raise KeyError(f"unknown task {unknown[0]!r}; known: {', '.join(task_names())}")
+        raise GlmError(f"unknown task {unknown[0]!r}; known: {', '.join(task_names())}")
     wanted = names or task_names()
     if options.get("documents") is not None:
         options["documents"] = list(options["documents"])  # several builders read the corpus
