@@ -52,10 +52,15 @@ def error_reason(err: BaseException, default: str = "truncated or corrupt compre
     return default
 
 
+GZIP_MAGIC = b"\x1f\x8b\x08"  # a gzip member's first bytes: ID1, ID2, deflate
+
+
 class GzipStream(io.RawIOBase):
     """Multi-member gzip decompression that delivers every byte before a truncation or corruption
-    (Python's ``gzip`` raises on a cut stream and loses the data of that read); ``truncated`` and
-    ``error`` say how the stream ended. One call inflates at most the caller's buffer size."""
+    (Python's ``gzip`` raises on a cut stream and loses the data of that read) and goes on after a corrupt
+    member at the next member header (WARC files gzip each record on its own: one bad member must not
+    take the file's remaining records with it); ``status()`` says how the stream ended and what it
+    skipped. One call inflates at most the caller's buffer size."""
 
     def __init__(self, raw) -> None:
         self.raw = raw
@@ -63,7 +68,7 @@ class GzipStream(io.RawIOBase):
         self.tail = b""  # compressed input not yet inflated
         self.member_started = False
         self.truncated = False
-        self.error: str | None = None
+        self.errors: list[str] = []  # each corrupt member: what zlib said
         self.done = False
 
     def readable(self) -> bool:
@@ -83,8 +88,9 @@ class GzipStream(io.RawIOBase):
             try:
                 out = self.z.decompress(self.tail, len(buf))
             except zlib.error as err:
-                self.done, self.error = True, f"corrupt gzip data: {err}"
-                break
+                self.errors.append(str(err))
+                self._next_member()
+                continue
             self.tail = self.z.unconsumed_tail
             self.member_started = True
             if out:
@@ -92,8 +98,28 @@ class GzipStream(io.RawIOBase):
                 return len(out)
         return 0
 
+    def _next_member(self) -> None:
+        """Skip to the next gzip member header after the corrupt one (past the input that failed); the
+        stream ends if there is none."""
+        data = self.tail[1:]
+        while True:
+            at = data.find(GZIP_MAGIC)
+            if at >= 0:
+                self.tail, self.z, self.member_started = data[at:], zlib.decompressobj(16 + zlib.MAX_WBITS), False
+                return
+            more = self.raw.read(1 << 16)
+            if not more:
+                self.tail, self.done = b"", True
+                return
+            data = data[-(len(GZIP_MAGIC) - 1) :] + more  # a header split across two reads
+
     def status(self) -> str | None:
-        return self.error or ("gzip stream ends in the middle of a member (truncated file)" if self.truncated else None)
+        if self.errors:
+            return (
+                f"corrupt gzip data ({len(self.errors)} member(s), first: {self.errors[0]}); reading resumed at "
+                "the next member header after each"
+            )
+        return "gzip stream ends in the middle of a member (truncated file)" if self.truncated else None
 
 
 class _Counted(io.RawIOBase):

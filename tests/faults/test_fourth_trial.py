@@ -130,3 +130,26 @@ def test_data_task_commands_refuse_what_they_cannot_build_in_one_line(argv, said
     code = main([*argv[:2], "--out", str(tmp_path / "out"), *argv[2:]] if "tagging" not in argv else argv)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and said in lines[0], lines
+
+
+def test_a_corrupt_gzip_member_costs_its_record_not_the_rest_of_the_warc_file(tmp_path):
+    # was: reading stopped at the corrupt member -- every later record of the file lost, one error counted
+    from data_pipeline.document import Stats
+    from data_pipeline.readers import read
+    from data_pipeline.recipe import ReaderCfg
+    from data_pipeline.sample_crawl import response_records
+
+    prose = "A paragraph of ordinary prose, long enough to be a page of its own on the web. " * 8
+    fetches = [
+        bytearray(response_records(f"https://p{i}.example/", "text/html", f"<p>{i} {prose}</p>".encode()))
+        for i in range(4)
+    ]
+    middle = len(fetches[1]) // 2  # inside the second fetch's response member's deflate data
+    fetches[1][middle : middle + 16] = bytes(16)
+    path = tmp_path / "damaged.warc.gz"
+    path.write_bytes(b"".join(fetches))
+    stats = Stats()
+    urls = [doc.meta["url"] for doc in read(str(path), ReaderCfg(), stats)]
+    assert urls == ["https://p0.example/", "https://p2.example/", "https://p3.example/"]
+    (error,) = [e for e in stats.errors if e["reason"] == "truncated or corrupt compressed stream"]
+    assert "corrupt gzip data (1 member(s)" in error["detail"] and "reading resumed" in error["detail"], error
