@@ -120,8 +120,11 @@ def test_glm_data_index_gives_an_old_shard_set_the_same_index_files(shards, tmp_
         Loader(old, seq_len=32, micro_batch_size=2).next_step()
     victim = manifest["splits"]["train"][2]["name"]
     Path(old, victim).write_bytes(b"not a tar file" * 100)
-    proc = run_glm(["data", "index", old, "--workers", "2"])
+    proc = run_glm(["data", "index", old, "--workers", "2"], check=False)
     assert json.loads(proc.stdout)["failed"].keys() == {victim}
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "training skips them; rebuild them with glm data tokenize"
+    )
     for entry in read_manifest(new)["splits"]["train"]:
         if entry["name"] != victim:  # byte-identical to what the writer wrote
             assert Path(old, entry["index"]).read_bytes() == Path(new, entry["index"]).read_bytes()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from data_pipeline.executors.cpus import available_cpus
 from glm_dist.commands.shared import folder_lock
@@ -23,5 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with folder_lock(args.dir, "glm data index", "DIR"):
-        print(json.dumps(index_shard_set(args.dir, workers=args.workers or available_cpus())))
+        result = index_shard_set(args.dir, workers=args.workers or available_cpus())
+    print(json.dumps(result))
+    if result["failed"]:  # recorded in the manifest (index_error) and skipped by the loader: said, not silent
+        print(
+            f"glm data index: {len(result['failed'])} shard(s) could not be indexed (their reasons under "
+            f"'failed' above): training skips them; rebuild them with glm data tokenize",
+            file=sys.stderr,
+        )
+        return 2
     return 0
