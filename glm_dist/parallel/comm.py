@@ -251,6 +251,16 @@ def is_timeout(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and bool(re.search(r"timed? ?out", str(err), re.IGNORECASE))
 
 
+# what gloo and NCCL say when a peer's process is gone (killed, out of memory, crashed) mid-collective
+PEER_GONE = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|communicator was aborted|remote process exited", re.IGNORECASE
+)
+
+
+def is_peer_gone(err: BaseException) -> bool:
+    return isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err)))
+
+
 def diagnose_timeout(wait_s: float = 10.0) -> list[int] | None:
     """After a collective timed out: the ranks that do not answer a monitored barrier on the side
     group within ``wait_s`` (reported by rank 0; other ranks get None), [] if all answered."""

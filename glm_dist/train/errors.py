@@ -15,3 +15,7 @@ class Preempted(RuntimeError):
 
 class CollectiveTimeout(GlmError, RuntimeError):
     """A collective that some rank never joined (hung or dead); the message names the ranks."""
+
+
+class PeerGone(GlmError, RuntimeError):
+    """Another rank's process ended mid-collective: its own log says why; not a bug of this rank."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ from glm_dist.parallel.tensor import ParallelGroups, mark_for_grad_norm, model_v
 from glm_dist.parallel.topology import Topology
 from glm_dist.train.checkpoint import CheckpointManager
 from glm_dist.train.streams import StreamMemory
-from glm_dist.train.errors import CollectiveTimeout, Preempted, TrainingDiverged
+from glm_dist.train.errors import CollectiveTimeout, PeerGone, Preempted, TrainingDiverged
 from glm_dist.train.preemption import SETTLE_S, StopRequest
 from glm_dist.train.optim import build_optimizer
 from glm_dist.train.layer_groups import discriminative_param_groups, layer_groups
@@ -358,6 +359,14 @@ class Trainer:
         except RuntimeError as err:
             if comm.is_timeout(err):
                 raise self._timed_out(err) from None
+            if comm.is_peer_gone(err):
+                self.log.close()
+                said = re.sub(r"^\[[^\]]*\]\s*", "", str(err).splitlines()[0])[:160]  # gloo's [file.cc:line]
+                raise PeerGone(
+                    f"step {self.state.step + 1}: another rank's process is gone ({said}) -- "
+                    f"its log says why (killed, out of memory, crashed); the last complete checkpoint under "
+                    f"{self.ckpts.root} is untouched: rerun to resume from it"
+                ) from None
             raise
         except KeyboardInterrupt:  # Ctrl-C: the save in flight finishes or is removed, never left half-written
             self._settle_on_interrupt()

@@ -335,10 +335,13 @@ def test_a_rank_killed_mid_step_resumes_on_the_uninterrupted_loss_curve(shards_d
         )
         workers = list(_rank_pids(proc.pid).values())
         os.kill(_rank_pids(proc.pid)[1], signal.SIGKILL)
-        proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         _kill_all(proc, workers)
     assert proc.returncode != 0 and len(train_losses(broken)) < 12
+    # the survivor says what happened in one line: no "internal error", no crash file to report
+    assert "internal error" not in err and "glm train: error: step " in err, err[-3000:]
+    assert "another rank's process is gone (" in err and "rerun to resume from it" in err
     run_glm(args(shards_dir, broken, *common), nproc=2)
     assert train_losses(broken) == train_losses(straight)
 
