@@ -75,7 +75,7 @@ def test_po_source_catalogs_read_as_their_compiled_form_and_skip_fuzzy_obsolete_
     assert len(list(read_catalog(str(po), keep_fuzzy=True))) == len(edited) + 1
 
 
-def test_a_damaged_or_oversized_catalog_is_refused_and_counted(tmp_path):
+def test_a_damaged_or_oversized_catalog_is_refused_and_counted(tmp_path, caplog):
     data = Path(GERMAN[0]).read_bytes()
     (tmp_path / "cut.mo").write_bytes(data[: len(data) // 2])
     (tmp_path / "junk.mo").write_bytes(b"not a catalog at all" * 4)
@@ -90,3 +90,7 @@ def test_a_damaged_or_oversized_catalog_is_refused_and_counted(tmp_path):
         read_catalogs([str(tmp_path / n) for n in ("cut.mo", "junk.mo", "bad.po")] + GERMAN[:1], skipped=skipped)
     )
     assert skipped["unreadable catalog: CatalogError"] == 3 and kept == list(read_catalog(GERMAN[0]))
+    named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped the unreadable catalog")]
+    assert [line.split()[4].rstrip(":") for line in named] == [
+        str(tmp_path / n) for n in ("cut.mo", "junk.mo", "bad.po")
+    ]

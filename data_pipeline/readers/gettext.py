@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import gettext as _gettext
 import hashlib
+import logging
 import os
 import re
 import struct
 from collections import Counter
 from typing import Iterable, Iterator
+
+log = logging.getLogger(__name__)
 
 Record = tuple[str, str, dict]
 MAX_CATALOG_BYTES = 32 << 20  # the largest Debian catalog here is ~0.5 MiB
@@ -78,6 +81,7 @@ def read_catalogs(paths: Iterable[str], *, skipped: Counter | None = None, **opt
             yield from read_catalog(path, skipped=skipped, **options)
         except (CatalogError, OSError) as err:
             skipped[f"unreadable catalog: {type(err).__name__}"] += 1
+            log.warning("skipped the unreadable catalog %s: %s", path, err)  # the count alone names no file
 
 
 def read_catalog(
