@@ -349,9 +349,10 @@ def merge(spec: ShardSpec, files: list[str], tok: Tokenizer) -> dict:
     documents = sum(r["documents"] for r in results)
     if not any(info["num_samples"] for r in results for info in r["shards"]["train"]):
         skipped = dict(sum((Counter(r["skipped"]) for r in results), Counter()))
+        held = f"data.val_per_mille={spec.val_per_mille} held every one out, " if documents else ""
         raise PipelineError(
             f"data.source={spec.source!r} has no training documents ({documents} in {len(files)} file(s), "
-            f"skipped: {skipped or 'none'}): fix the source (or data.text_field) and delete {spec.out_dir}"
+            f"skipped: {skipped or 'none'}): {held}fix the source (or data.text_field) and delete {spec.out_dir}"
         )
     ids = special_ids(tok, spec.profile)
     manifest = {
