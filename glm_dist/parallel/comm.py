@@ -239,6 +239,12 @@ def first_error(message: str | None, *, max_bytes: int = 2048) -> str | None:
     return data.decode("utf-8", "replace")
 
 
+def release_side_group() -> None:
+    """Forget the side group (the process group it belongs to is being destroyed)."""
+    global _side_group
+    _side_group = None
+
+
 def init_side_group(timeout_s: float) -> None:
     """A gloo group beside the main one, for ``diagnose_timeout``'s monitored barrier (gloo only
     has one; under NCCL it also keeps the diagnosis off the GPU)."""

@@ -11,6 +11,7 @@ import datetime
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -75,10 +76,17 @@ def _visible_gpus() -> int:
 def shutdown_distributed() -> None:
     """Tear the default process group down before the interpreter exits (a finished command). Left
     to the interpreter's teardown, a backend's threads can die in C++ destructors -- a rank that
-    trained correctly then aborts with "terminate called without an active exception"."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    trained correctly then aborts with "terminate called without an active exception". Through DeepSpeed
+    when it made the group: it also drops the groups it cached (its world clone), which a later
+    ``init_distributed`` in the same process -- a second command run from Python -- would otherwise use
+    destroyed ("Group ... is not registered")."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    comm.release_side_group()
+    ds_comm = sys.modules.get("deepspeed.comm.comm")
+    if ds_comm is not None and ds_comm.cdb is not None:
+        ds_comm.destroy_process_group()
+    else:
         dist.destroy_process_group()
 
 

@@ -5,6 +5,7 @@ checkpoint is needed, so no test trains."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -42,6 +43,11 @@ def test_resuming_a_checkpoint_on_shards_of_another_tokenizer_of_the_same_size_i
     err = capsys.readouterr().err
     assert code == 2 and "was trained with another tokenizer than data.shards_dir's" in err, err
     assert f"use the shard set it was trained on ({sets[0]})" in err
+    # on its own shards, with twice the global batch: allowed, and the log says so (it said nothing)
+    resume = [*train, f"data.shards_dir={sets[0]}", "train.max_steps=2", "train.resume=auto"]
+    assert main([*resume, "train.grad_accum_steps=2"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"resumed from \S+ at step 1; global batch 2 -> 4 sequences", err), err
 
 
 @pytest.mark.parametrize(
@@ -153,3 +159,21 @@ def test_a_corrupt_gzip_member_costs_its_record_not_the_rest_of_the_warc_file(tm
     assert urls == ["https://p0.example/", "https://p2.example/", "https://p3.example/"]
     (error,) = [e for e in stats.errors if e["reason"] == "truncated or corrupt compressed stream"]
     assert "corrupt gzip data (1 member(s)" in error["detail"] and "reading resumed" in error["detail"], error
+
+
+def test_a_second_command_in_one_process_builds_its_engine_on_live_process_groups():
+    # was: "Group ... is not registered" -- torch's group destroyed at the first command's end, DeepSpeed's
+    # cached clone of it used by the second (glm commands run one after the other from Python)
+    import deepspeed
+    import torch
+
+    from glm_dist.parallel.distributed import init_distributed, shutdown_distributed
+
+    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    for _ in range(2):
+        init_distributed()
+        model = torch.nn.Linear(4, 4)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        engine.backward(engine(torch.ones(1, 4)).sum())
+        engine.step()
+        shutdown_distributed()
