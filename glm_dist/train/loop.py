@@ -338,6 +338,7 @@ class Trainer:
             + (f"; {self.topo.describe()}" if self.topo.world_size > self.topo.data else "")
             + (f"; resumed from {self.resume_from} at step {start}" if self.resume_from else "")
             + (f" (saved at {saved_layout(self.resume_meta)}: resharded)" if self.resharded else "")
+            + self._batch_change()
         )
         try:
             before = self.validate()
@@ -397,6 +398,22 @@ class Trainer:
             self.log.message(f"loss curve: {png}")
         self.log.close(summary)
         return summary
+
+    def _batch_change(self) -> str:
+        """What the log says when a resume trains with another global batch than the checkpoint's (allowed:
+        the schedule goes on by step, the data by sequence), so a changed curve has its reason in the log."""
+        if self.resume_meta is None:
+            return ""
+        saved = self.resume_meta["config"]["train"]
+        before = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved_layout(self.resume_meta)["data"]
+        t = self.cfg.train
+        now = t.micro_batch_size * t.grad_accum_steps * self.topo.data
+        return (
+            f"; global batch {before} -> {now} sequences (micro batch x accumulation x data-parallel size): the "
+            f"schedule goes on by step, the data by sequence"
+            if before != now
+            else ""
+        )
 
     def _settle_on_interrupt(self) -> None:
         if self.ckpts.pending is not None:
