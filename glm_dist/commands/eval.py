@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from glm_dist.commands.shared import config_args, names
+from glm_dist.commands.shared import config_args, in_range, names
 from glm_dist.config.loader import load_config
-from glm_dist.errors import GlmError
 from glm_dist.eval.run import main_eval
 
 HELP = "validation loss / perplexity / bits per byte as JSON (-c), or lm-eval tasks (--tasks)"
@@ -54,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.config:
         raise FileNotFoundError("glm eval needs -c CONFIG (validation perplexity) or --tasks T1,T2 (lm-eval)")
-    if args.documents < 0:  # was read as a slice: all documents but the last N
-        raise GlmError(f"--documents {args.documents} must be >= 0 (0: none)")
+    in_range("--documents", args.documents, 0)  # was read as a slice: all documents but the last N
     main_eval(cfg, args.checkpoint, documents=args.documents, stride=args.stride)
     return 0
 

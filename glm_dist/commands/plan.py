@@ -7,7 +7,7 @@ import argparse
 import json
 import math
 
-from glm_dist.commands.shared import config_args
+from glm_dist.commands.shared import config_args, in_range
 from glm_dist.config.checks import model_config, seq_len
 from glm_dist.config.loader import load_config
 from glm_dist.errors import GlmError
@@ -28,9 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_cluster(args: argparse.Namespace) -> None:
     """A cluster that exists: a plan for 0 or -8 GPUs, or GPUs of 0 GB, was printed as an empty table."""
-    for name, value in (("gpus", args.gpus), ("gpus-per-node", args.gpus_per_node)):
-        if value < 1:
-            raise GlmError(f"--{name} {value} must be >= 1")
+    in_range("--gpus", args.gpus, 1)
+    in_range("--gpus-per-node", args.gpus_per_node, 1)
     if not (math.isfinite(args.gpu_mem) and args.gpu_mem > 0):
         raise GlmError(f"--gpu-mem {args.gpu_mem} must be a number of GB > 0")
 
